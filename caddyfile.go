@@ -1,0 +1,199 @@
+package caddysse
+
+import (
+	"strconv"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/dustin/go-humanize"
+)
+
+func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	m := new(Handler)
+	err := m.UnmarshalCaddyfile(h.Dispenser)
+	return m, err
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
+//
+//	sse [<matcher>] {
+//		channel <template>...           # repeatable; e.g. user:{http.auth.user.id}
+//		namespace <name>
+//		heartbeat <duration>|off        # default 15s
+//		retry <duration>                # default 3s
+//		history <count> [<max_age>]     # default 1000 events, 24h each
+//		history_bytes <size>            # default 4MiB per channel
+//		replay_limit <n>                # default 1000
+//		max_channels <n>                # default 32
+//		close_jitter <duration>|off     # default 5s
+//		max_event_size <size>           # default 64KiB
+//		queue <n>                       # default 500 events
+//		queue_bytes <size>              # default 1MiB
+//		slow_client_timeout <duration>  # default 30s
+//		publish {
+//			secret <token>              # e.g. {env.SSE_PUBLISH_SECRET}
+//		}
+//	}
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // consume the directive name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	seen := map[string]bool{}
+	for d.NextBlock(0) {
+		name := d.Val()
+		if seen[name] && name != "channel" {
+			return d.Errf("%s is given more than once", name)
+		}
+		seen[name] = true
+		if err := h.unmarshalSubdirective(d, name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, name string) error {
+	switch name {
+	case "channel":
+		args := d.RemainingArgs()
+		if len(args) == 0 {
+			return d.ArgErr()
+		}
+		h.Channels = append(h.Channels, args...)
+		return nil
+	case "namespace":
+		return oneString(d, &h.Namespace)
+	case "heartbeat":
+		return durationOrOff(d, &h.Heartbeat)
+	case "retry":
+		return oneDuration(d, &h.Retry)
+	case "history":
+		return h.unmarshalHistory(d)
+	case "history_bytes":
+		return oneSize(d, &h.HistoryBytes)
+	case "replay_limit":
+		return oneInt(d, &h.ReplayLimit)
+	case "max_channels":
+		return oneInt(d, &h.MaxChannels)
+	case "close_jitter":
+		return durationOrOff(d, &h.CloseJitter)
+	case "max_event_size":
+		return oneSize(d, &h.MaxEventSize)
+	case "queue":
+		return oneInt(d, &h.Queue)
+	case "queue_bytes":
+		return oneSize(d, &h.QueueBytes)
+	case "slow_client_timeout":
+		return oneDuration(d, &h.SlowClientTimeout)
+	case "publish":
+		return h.unmarshalPublish(d)
+	default:
+		return d.Errf("unrecognized sse subdirective %q", name)
+	}
+}
+
+func (h *Handler) unmarshalHistory(d *caddyfile.Dispenser) error {
+	args := d.RemainingArgs()
+	if len(args) < 1 || len(args) > 2 {
+		return d.ArgErr()
+	}
+	n, err := strconv.Atoi(args[0])
+	if err != nil || n <= 0 {
+		return d.Errf("history: count must be a positive integer, got %q", args[0])
+	}
+	h.HistorySize = n
+	if len(args) == 2 {
+		age, err := caddy.ParseDuration(args[1])
+		if err != nil || age <= 0 {
+			return d.Errf("history: max age must be a positive duration, got %q", args[1])
+		}
+		h.HistoryMaxAge = caddy.Duration(age)
+	}
+	return nil
+}
+
+func (h *Handler) unmarshalPublish(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	h.Publish = new(PublishConfig)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch d.Val() {
+		case "secret":
+			if err := oneString(d, &h.Publish.Secret); err != nil {
+				return err
+			}
+		default:
+			return d.Errf("unrecognized publish subdirective %q", d.Val())
+		}
+	}
+	if h.Publish.Secret == "" {
+		return d.Err("publish: a secret is required")
+	}
+	return nil
+}
+
+func oneString(d *caddyfile.Dispenser, dst *string) error {
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	*dst = d.Val()
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	return nil
+}
+
+func oneInt(d *caddyfile.Dispenser, dst *int) error {
+	var s string
+	if err := oneString(d, &s); err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n <= 0 {
+		return d.Errf("%s: must be a positive integer, got %q", d.Val(), s)
+	}
+	*dst = n
+	return nil
+}
+
+func oneDuration(d *caddyfile.Dispenser, dst *caddy.Duration) error {
+	var s string
+	if err := oneString(d, &s); err != nil {
+		return err
+	}
+	v, err := caddy.ParseDuration(s)
+	if err != nil || v <= 0 {
+		return d.Errf("must be a positive duration, got %q", s)
+	}
+	*dst = caddy.Duration(v)
+	return nil
+}
+
+// durationOrOff parses a duration or "off", stored as a negative duration.
+func durationOrOff(d *caddyfile.Dispenser, dst *caddy.Duration) error {
+	if d.CountRemainingArgs() == 1 && d.NextArg() {
+		if d.Val() == "off" {
+			*dst = -1
+			return nil
+		}
+		d.Prev()
+	}
+	return oneDuration(d, dst)
+}
+
+func oneSize(d *caddyfile.Dispenser, dst *int64) error {
+	var s string
+	if err := oneString(d, &s); err != nil {
+		return err
+	}
+	v, err := humanize.ParseBytes(s)
+	if err != nil || v == 0 || v > 1<<40 {
+		return d.Errf("must be a positive size such as 64KiB, got %q", s)
+	}
+	*dst = int64(v)
+	return nil
+}

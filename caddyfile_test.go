@@ -1,0 +1,105 @@
+package caddysse
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+)
+
+// TestAdaptGoldens adapts each testdata/adapt/*.caddyfiletest (a Caddyfile,
+// a line of dashes, the expected JSON) like Caddy core's own adapt tests,
+// comparing the JSON by value so the golden can be laid out for reading.
+func TestAdaptGoldens(t *testing.T) {
+	files, err := filepath.Glob("testdata/adapt/*.caddyfiletest")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no goldens found: %v", err)
+	}
+	for _, file := range files {
+		t.Run(filepath.Base(file), func(t *testing.T) {
+			raw, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			caddyfileText, expected, ok := strings.Cut(string(raw), "----------")
+			if !ok {
+				t.Fatal("missing the ---------- separator")
+			}
+			actual, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfileText), map[string]any{"filename": file})
+			if err != nil {
+				t.Fatalf("adapting: %v", err)
+			}
+			var got, want any
+			if err := json.Unmarshal(actual, &got); err != nil {
+				t.Fatal(err)
+			}
+			if err := json.Unmarshal([]byte(expected), &want); err != nil {
+				t.Fatalf("the golden's JSON: %v", err)
+			}
+			if !reflect.DeepEqual(got, want) {
+				pretty, _ := json.MarshalIndent(got, "", "\t")
+				t.Fatalf("adapted config differs from the golden; got:\n%s", pretty)
+			}
+		})
+	}
+}
+
+func TestCaddyfileErrors(t *testing.T) {
+	cases := []struct {
+		name, input, want string
+	}{
+		{"unknown subdirective", "sse {\n\tchanel a\n}", `unrecognized sse subdirective "chanel"`},
+		{"argument after directive", "sse extra {\n\tchannel a\n}", "wrong argument count"},
+		{"channel without template", "sse {\n\tchannel\n}", "wrong argument count"},
+		{"bad duration", "sse {\n\theartbeat soon\n}", "positive duration"},
+		{"negative retry", "sse {\n\tretry -1s\n}", "positive duration"},
+		{"history count", "sse {\n\thistory many\n}", "history: count"},
+		{"history too many args", "sse {\n\thistory 1 1h 2\n}", "wrong argument count"},
+		{"history age", "sse {\n\thistory 10 forever\n}", "history: max age"},
+		{"zero replay limit", "sse {\n\treplay_limit 0\n}", "positive integer"},
+		{"bad size", "sse {\n\tmax_event_size big\n}", "positive size"},
+		{"duplicate namespace", "sse {\n\tnamespace a\n\tnamespace b\n}", "more than once"},
+		{"publish without secret", "sse {\n\tpublish {\n\t}\n}", "secret is required"},
+		{"unknown publish subdirective", "sse {\n\tpublish {\n\t\tsecret x\n\t\ttoken y\n\t}\n}", `unrecognized publish subdirective "token"`},
+		{"publish argument", "sse {\n\tpublish x {\n\t\tsecret x\n\t}\n}", "wrong argument count"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var h Handler
+			err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// Errors name the file and line, so a user finds the mistake.
+func TestCaddyfileErrorsNameFileAndLine(t *testing.T) {
+	input := ":8080 {\n\tsse /events {\n\t\tchannel a\n\t\tbogus 1\n\t}\n}\n"
+	_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(input), map[string]any{"filename": "Caddyfile.test"})
+	if err == nil || !strings.Contains(err.Error(), "Caddyfile.test:4") {
+		t.Fatalf("error %v, want it to name Caddyfile.test:4", err)
+	}
+}
+
+func TestCaddyfileFull(t *testing.T) {
+	var h Handler
+	err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(`sse {
+		channel a b
+		channel c
+		heartbeat off
+		history 10
+	}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(h.Channels, " ") != "a b c" || h.Heartbeat != -1 || h.HistorySize != 10 || h.HistoryMaxAge != 0 {
+		t.Fatalf("parsed %+v", h)
+	}
+}

@@ -1,0 +1,303 @@
+package caddysse
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestHeartbeatOnIdleStream(t *testing.T) {
+	srv := startCaddy(t, `
+:{PORT} {
+	sse /events {
+		channel a
+		heartbeat 100ms
+	}
+}
+`)
+	c := srv.subscribe("/events", nil)
+	c.comment("ok")
+	for range 3 { // and again: heartbeats continue while the stream is idle
+		c.comment("heartbeat")
+	}
+}
+
+func TestIdempotencyKeyPublishesOnce(t *testing.T) {
+	srv := startCaddy(t, basicSite)
+	c := srv.subscribe("/events?channels=a", nil)
+	body := mustJSON(t, map[string]any{"channel": "a", "data": "once"})
+	key := header("Idempotency-Key", "k-1")
+	s1, r1 := srv.post("/events", "application/json", body, key)
+	s2, r2 := srv.post("/events", "application/json", body, key)
+	if s1 != 200 || s2 != 200 || string(r1) != string(r2) {
+		t.Fatalf("first %d %s, retry %d %s: the retry must return the first reply", s1, r1, s2, r2)
+	}
+	s3, r3 := srv.post("/events", "application/json", mustJSON(t, map[string]any{"channel": "a", "data": "other"}), key)
+	if s3 != 422 || !strings.Contains(string(r3), "idempotency_key_reused") {
+		t.Fatalf("reused key with another body: %d %s, want 422", s3, r3)
+	}
+	srv.publish("/events", map[string]any{"channel": "a", "data": "sentinel"})
+	if got := c.nextData(2); fmt.Sprint(got) != "[once sentinel]" {
+		t.Fatalf("got %v: the retry was published again", got)
+	}
+}
+
+func TestIdempotencyKeyConcurrentRetries(t *testing.T) {
+	srv := startCaddy(t, basicSite)
+	c := srv.subscribe("/events?channels=a", nil)
+	body := mustJSON(t, map[string]any{"channel": "a", "data": "once"})
+	var wg sync.WaitGroup
+	replies := make([]string, 20)
+	for i := range replies {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			status, reply := srv.post("/events", "application/json", body, header("Idempotency-Key", "same"))
+			if status != 200 {
+				t.Errorf("status %d %s", status, reply)
+			}
+			replies[i] = string(reply)
+		}()
+	}
+	wg.Wait()
+	for _, r := range replies[1:] {
+		if r != replies[0] {
+			t.Fatalf("replies differ: %q vs %q", r, replies[0])
+		}
+	}
+	srv.publish("/events", map[string]any{"channel": "a", "data": "sentinel"})
+	if got := c.nextData(2); fmt.Sprint(got) != "[once sentinel]" {
+		t.Fatalf("got %v", got)
+	}
+}
+
+// Caddy's encode must leave the stream alone: not compressed (the client
+// asked for gzip) and not buffered (events arrive one by one).
+func TestEncodeLeavesStreamUncompressedAndUnbuffered(t *testing.T) {
+	srv := startCaddy(t, `
+:{PORT} {
+	encode gzip zstd
+	sse /events {
+		channel a
+		publish {
+			secret `+testSecret+`
+		}
+	}
+	respond /text "`+strings.Repeat("compress me ", 200)+`"
+}
+`)
+	// the route does compress other responses
+	resp := do(t, http.MethodGet, srv.base+"/text", header("Accept-Encoding", "gzip"), "")
+	resp.Body.Close()
+	if resp.Header.Get("Content-Encoding") != "gzip" {
+		t.Fatal("encode is not active in this route; the test proves nothing")
+	}
+	c := srv.subscribe("/events", header("Accept-Encoding", "gzip"))
+	if enc := c.resp.Header.Get("Content-Encoding"); enc != "" {
+		t.Fatalf("stream has Content-Encoding %q", enc)
+	}
+	c.comment("ok")
+	for i := range 3 { // each small event arrives before the next is published
+		srv.publish("/events", map[string]any{"channel": "a", "data": fmt.Sprint(i)})
+		if ev := c.next(); ev.Data != fmt.Sprint(i) {
+			t.Fatalf("got %+v", ev)
+		}
+	}
+}
+
+// A server-wide write timeout must not cut streams (SPEC S2): they outlive
+// it, and still receive events after it has passed.
+func TestServerWriteTimeoutDoesNotCutStreams(t *testing.T) {
+	for _, tc := range []struct{ name, timeouts string }{
+		{"write timeout", "write 300ms"},
+		{"write timeout without idle writer", "write 300ms\n\t\t\twrite_idle -1s"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := startCaddy(t, `
+:{PORT} {
+	sse /events {
+		channel a
+		heartbeat 100ms
+		publish {
+			secret `+testSecret+`
+		}
+	}
+}
+`, "servers {\n\t\ttimeouts {\n\t\t\t"+tc.timeouts+"\n\t\t}\n\t}")
+			c := srv.subscribe("/events", nil)
+			outlive := time.Now().Add(900 * time.Millisecond)
+			for time.Now().Before(outlive) {
+				c.comment("heartbeat")
+			}
+			srv.publish("/events", map[string]any{"channel": "a", "data": "still here"})
+			if ev := c.next(); ev.Data != "still here" {
+				t.Fatalf("got %+v", ev)
+			}
+		})
+	}
+}
+
+// guards the test above: the same write timeout does cut another kind of
+// long response (a proxied stream), so the option is really in effect
+func TestServerWriteTimeoutCutsOtherStreamingResponses(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for i := range 20 {
+			fmt.Fprintf(w, "chunk %d\n", i)
+			w.(http.Flusher).Flush()
+			select {
+			case <-time.After(100 * time.Millisecond):
+			case <-r.Context().Done():
+				return
+			}
+		}
+	}))
+	defer upstream.Close()
+	srv := startCaddy(t, `
+:{PORT} {
+	reverse_proxy `+strings.TrimPrefix(upstream.URL, "http://")+` {
+		flush_interval -1
+	}
+}
+`, "servers {\n\t\ttimeouts {\n\t\t\twrite 300ms\n\t\t}\n\t}")
+	resp := do(t, http.MethodGet, srv.base+"/", nil, "")
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if strings.Contains(string(body), "chunk 19") {
+		t.Fatal("the write timeout did not cut a 2 s response; it is not in effect")
+	}
+}
+
+// rawStream opens a stream over a bare TCP connection: no client-side
+// goroutine, so that goroutine counts measure the server alone.
+func rawStream(t testing.TB, addr, path string) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: test\r\n\r\n", path)
+	r := bufio.NewReader(conn)
+	status, err := r.ReadString('\n')
+	if err != nil || !strings.Contains(status, " 200 ") {
+		t.Fatalf("raw stream: %q %v", status, err)
+	}
+	// read until the preamble's ": ok" so the handler is in its loop
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(line, ": ok") {
+			return conn
+		}
+	}
+}
+
+func discard(r io.Reader) { _, _ = io.Copy(io.Discard, r) }
+
+// gate holds a response body's reads back until it is opened: a client
+// that stops reading for a while.
+type gate struct {
+	io.ReadCloser
+	open chan struct{}
+}
+
+func (g *gate) Read(p []byte) (int, error) {
+	<-g.open
+	return g.ReadCloser.Read(p)
+}
+
+// A client that stops reading while far more is published than its queue
+// and the sockets can hold overflows its queue; once it reads again it
+// catches up from the history and gets every event, in order, with no hole.
+func TestStalledClientCatchesUpWithoutHole(t *testing.T) {
+	srv := startCaddy(t, `
+:{PORT} {
+	sse /events {
+		channel a
+		queue 5
+		max_event_size 2KiB
+		queue_bytes 8KiB
+		history 40000
+		history_bytes 128MiB
+		slow_client_timeout 2m
+		publish {
+			secret `+testSecret+`
+		}
+	}
+}
+`)
+	dialer := &net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		return c.Control(func(fd uintptr) {
+			_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+		})
+	}}
+	client := &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext}}
+	c := openStreamGated(t, srv.base+"/events", client)
+
+	// 24 MiB: several times what the server's send buffer (at most
+	// net.ipv4.tcp_wmem's 4 MiB here) and the client's 4 KiB can hold
+	const events = 24 * 1024
+	payload := strings.Repeat("x", 1000)
+	var wg sync.WaitGroup
+	for p := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := p; i < events; i += 4 {
+				status, body := srv.post("/events", "application/json", mustJSON(t, map[string]any{"channel": "a", "data": payload}), nil)
+				if status != 200 {
+					t.Errorf("publish %d: %d %s", i, status, body)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(c.gate.open)
+	for want := uint64(1); want <= events; want++ {
+		ev := c.next()
+		if got := seqOf(t, ev.ID).Seq; got != want {
+			t.Fatalf("event seq %d, want %d: a hole or a duplicate", got, want)
+		}
+	}
+}
+
+type gatedClient struct {
+	*sseClient
+	gate *gate
+}
+
+func openStreamGated(t *testing.T, url string, client *http.Client) gatedClient {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := client.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	g := &gate{ReadCloser: resp.Body, open: make(chan struct{})}
+	resp.Body = g
+	c := &sseClient{t: t, resp: resp, cancel: func() {},
+		events: make(chan sseEvent, 100000), comments: make(chan string, 100), done: make(chan struct{})}
+	go c.read()
+	t.Cleanup(func() {
+		select {
+		case <-g.open:
+		default:
+			close(g.open)
+		}
+		c.close()
+	})
+	return gatedClient{c, g}
+}

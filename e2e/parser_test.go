@@ -1,0 +1,46 @@
+package e2e
+
+import (
+	"io"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// TestSSEParser checks the test client's own parser against the WHATWG
+// algorithm, so that the end-to-end tests do not pass or fail by a parser
+// mistake.
+func TestSSEParser(t *testing.T) {
+	in := "\xEF\xBB\xBF: ok\nretry: 3000\n\n" + // preamble: no event
+		"data: a\r\ndata:b\rid: 1\n\n" + // CRLF and CR line ends, no space after colon
+		": comment\nevent: t\ndata\nretry: x\n\n" + // field without colon; bad retry ignored
+		"retry: 150\nevent: server_closing\ndata: {\"reason\":\"reload\"}\n\n" +
+		"id\nevent: only-type\n\n" + // no data: nothing dispatched, but the id is reset
+		"data: after\n\n" +
+		"data: incomplete" // no blank line at the end: dropped
+	p := newSSEParser()
+	var got []sseEvent
+	err := readLines(strings.NewReader(in), func(l string) {
+		if ev, _ := p.line(l); ev != nil {
+			got = append(got, *ev)
+		}
+	})
+	if err != io.EOF {
+		t.Fatalf("readLines: %v", err)
+	}
+	want := []sseEvent{
+		{Type: "message", Data: "a\nb", ID: "1", HasID: true, Retry: -1},
+		{Type: "t", Data: "", ID: "1", Retry: -1},
+		{Type: "server_closing", Data: `{"reason":"reload"}`, ID: "1", Retry: 150},
+		{Type: "message", Data: "after", ID: "", Retry: -1},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("parsed\n%v\nwant\n%v", got, want)
+	}
+	if p.reconnectMS != 150 {
+		t.Fatalf("reconnection time %d, want 150", p.reconnectMS)
+	}
+	if len(p.comments) != 2 || p.comments[0] != " ok" {
+		t.Fatalf("comments %q", p.comments)
+	}
+}

@@ -1,0 +1,72 @@
+package caddysse
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// errorBody is the JSON body of every refusal: {"error": "<code>"}, with a
+// human-readable detail where one helps a publisher fix its request, and the
+// channels a failed publish did not reach.
+type errorBody struct {
+	Error    string            `json:"error"`
+	Detail   string            `json:"detail,omitempty"`
+	Channels []string          `json:"channels,omitempty"`
+	IDs      map[string]string `json:"ids,omitempty"`
+}
+
+// writeJSON writes a JSON response; a HEAD gets the same status and headers
+// without the body.
+func writeJSON(w http.ResponseWriter, r *http.Request, status int, body any) {
+	payload, err := json.Marshal(body)
+	if err != nil {
+		payload = []byte(`{"error":"internal"}`)
+		status = http.StatusInternalServerError
+	}
+	payload = append(payload, '\n')
+	hdr := w.Header()
+	hdr.Set("Content-Type", "application/json")
+	hdr.Set("Cache-Control", "no-store")
+	hdr.Set("Content-Length", strconv.Itoa(len(payload)))
+	w.WriteHeader(status)
+	if r.Method != http.MethodHead {
+		_, _ = w.Write(payload)
+	}
+}
+
+// reject answers a refused request with its status and JSON body and logs
+// the reason at debug level (refusals can be frequent; they are not errors
+// of the server).
+func (h *Handler) reject(w http.ResponseWriter, r *http.Request, rej *rejection, retryAfter time.Duration) error {
+	if retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int((retryAfter+time.Second-1)/time.Second)))
+	}
+	h.logger.Debug("request refused",
+		zap.String("code", rej.code),
+		zap.Int("status", rej.status),
+		zap.String("detail", rej.detail),
+		zap.String("remote", r.RemoteAddr))
+	writeJSON(w, r, rej.status, errorBody{Error: rej.code, Detail: rej.detail})
+	return nil
+}
+
+// methodNotAllowed answers a method the route does not serve.
+func (h *Handler) methodNotAllowed(w http.ResponseWriter, r *http.Request) error {
+	w.Header().Set("Allow", h.allowedMethods())
+	return h.reject(w, r, &rejection{status: http.StatusMethodNotAllowed, code: "method_not_allowed", detail: r.Method + " is not served here"}, 0)
+}
+
+func (h *Handler) allowedMethods() string {
+	switch {
+	case len(h.Channels) > 0 && h.Publish != nil:
+		return "GET, HEAD, POST"
+	case h.Publish != nil:
+		return "POST"
+	default:
+		return "GET, HEAD"
+	}
+}

@@ -1,0 +1,356 @@
+package caddysse
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	_ "github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	"github.com/caddy-sse/caddy-sse/replay"
+)
+
+// The tests of this package run a real Caddy in-process (one config at a
+// time: Caddy's running config is process-wide, so these tests are not
+// parallel) on free loopback ports, and talk to it with real HTTP clients.
+
+const testSecret = "test-secret"
+
+// waitFor is the deadline for anything a test waits for.
+const waitFor = 10 * time.Second
+
+type testServer struct {
+	t     *testing.T
+	port  int
+	base  string
+	base2 string // the second site, when the sites use {PORT2}
+}
+
+// freePort returns a loopback TCP port that was free a moment ago.
+func freePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// globalOptions keep tests from touching the admin port, the user's config
+// directory and the terminal (set SSE_TEST_LOG=1 to see Caddy's logs).
+func globalOptions(extra string) string {
+	logs := "log default {\n\t\toutput discard\n\t}"
+	if os.Getenv("SSE_TEST_LOG") != "" {
+		logs = "log default {\n\t\tlevel DEBUG\n\t}"
+	}
+	return fmt.Sprintf("{\n\tadmin off\n\tpersist_config off\n\tauto_https off\n\t%s\n\t%s\n}\n", logs, extra)
+}
+
+// startCaddy loads a Caddyfile whose site blocks use {PORT} (and {PORT2}
+// for a second site) as their port, and stops it when the test ends.
+func startCaddy(t *testing.T, sites string, globals ...string) *testServer {
+	t.Helper()
+	port, port2 := freePort(t), freePort(t)
+	sites = strings.ReplaceAll(sites, "{PORT}", strconv.Itoa(port))
+	sites = strings.ReplaceAll(sites, "{PORT2}", strconv.Itoa(port2))
+	loadCaddyfile(t, globalOptions(strings.Join(globals, "\n"))+sites)
+	t.Cleanup(func() {
+		if err := caddy.Stop(); err != nil {
+			t.Errorf("stopping caddy: %v", err)
+		}
+	})
+	return &testServer{t: t, port: port,
+		base:  fmt.Sprintf("http://127.0.0.1:%d", port),
+		base2: fmt.Sprintf("http://127.0.0.1:%d", port2)}
+}
+
+func adapt(t testing.TB, caddyfile string) []byte {
+	t.Helper()
+	cfg, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatalf("adapting Caddyfile: %v\n%s", err, caddyfile)
+	}
+	for _, w := range warnings {
+		if !strings.Contains(w.Message, "not formatted") {
+			t.Logf("adapt warning: %s", w.String())
+		}
+	}
+	return cfg
+}
+
+func loadCaddyfile(t testing.TB, caddyfile string) {
+	t.Helper()
+	if err := caddy.Load(adapt(t, caddyfile), true); err != nil {
+		t.Fatalf("loading config: %v\n%s", err, caddyfile)
+	}
+}
+
+// reload replaces the running config with sites (same {PORT} as s).
+func (s *testServer) reload(sites string, globals ...string) {
+	s.t.Helper()
+	sites = strings.ReplaceAll(sites, "{PORT}", strconv.Itoa(s.port))
+	loadCaddyfile(s.t, globalOptions(strings.Join(globals, "\n"))+sites)
+}
+
+// publish POSTs a JSON event and returns the ids of the reply.
+func (s *testServer) publish(path string, body any) map[string]string {
+	s.t.Helper()
+	status, reply := s.post(path, "application/json", mustJSON(s.t, body), nil)
+	if status != http.StatusOK {
+		s.t.Fatalf("publish: status %d: %s", status, reply)
+	}
+	var out struct {
+		IDs map[string]string `json:"ids"`
+	}
+	if err := json.Unmarshal(reply, &out); err != nil {
+		s.t.Fatalf("publish reply %q: %v", reply, err)
+	}
+	return out.IDs
+}
+
+func (s *testServer) post(path, contentType string, body []byte, header http.Header) (int, []byte) {
+	s.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, s.base+path, strings.NewReader(string(body)))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", contentType)
+	req.Header.Set("Authorization", "Bearer "+testSecret)
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	reply, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, reply
+}
+
+func (s *testServer) postForm(path string, form url.Values) (int, []byte) {
+	s.t.Helper()
+	return s.post(path, "application/x-www-form-urlencoded", []byte(form.Encode()), nil)
+}
+
+func mustJSON(t testing.TB, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// sseEvent is an event as an EventSource would dispatch it.
+type sseEvent struct {
+	Type  string // "message" when the stream named none
+	Data  string
+	ID    string // the last event id after this event
+	Retry int    // the last retry seen, -1 if none
+}
+
+// sseClient is one open stream, parsed by the WHATWG algorithm into events
+// (and comment lines, kept apart so heartbeats can be checked).
+type sseClient struct {
+	t        testing.TB
+	resp     *http.Response
+	cancel   context.CancelFunc
+	events   chan sseEvent
+	comments chan string
+	done     chan struct{}
+}
+
+// subscribe opens a stream of path with optional headers; it fails the test
+// unless the status is 200.
+func (s *testServer) subscribe(path string, header http.Header) *sseClient {
+	s.t.Helper()
+	c := openStream(s.t, s.base+path, header, nil)
+	if c.resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(c.resp.Body)
+		s.t.Fatalf("subscribe %s: status %d: %s", path, c.resp.StatusCode, body)
+	}
+	return c
+}
+
+func openStream(t testing.TB, url string, header http.Header, client *http.Client) *sseClient {
+	t.Helper()
+	if client == nil {
+		client = &http.Client{Transport: &http.Transport{DisableCompression: true}}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		cancel()
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	c := &sseClient{t: t, resp: resp, cancel: cancel,
+		events: make(chan sseEvent, 10000), comments: make(chan string, 10000), done: make(chan struct{})}
+	go c.read()
+	t.Cleanup(c.close)
+	return c
+}
+
+func (c *sseClient) close() {
+	c.cancel()
+	c.resp.Body.Close()
+	<-c.done
+}
+
+// read implements the WHATWG "interpret an event stream" algorithm.
+func (c *sseClient) read() {
+	defer close(c.done)
+	defer close(c.events)
+	sc := bufio.NewScanner(c.resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	var typ, lastID string
+	var data strings.Builder
+	hasData := false
+	retry := -1
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case line == "":
+			if hasData {
+				ev := sseEvent{Type: typ, Data: strings.TrimSuffix(data.String(), "\n"), ID: lastID, Retry: retry}
+				if ev.Type == "" {
+					ev.Type = "message"
+				}
+				c.events <- ev
+			}
+			typ, hasData = "", false
+			data.Reset()
+		case strings.HasPrefix(line, ":"):
+			select {
+			case c.comments <- line:
+			default:
+			}
+		default:
+			field, value, _ := strings.Cut(line, ":")
+			value = strings.TrimPrefix(value, " ")
+			switch field {
+			case "event":
+				typ = value
+			case "data":
+				data.WriteString(value)
+				data.WriteByte('\n')
+				hasData = true
+			case "id":
+				if !strings.ContainsRune(value, 0) {
+					lastID = value
+				}
+			case "retry":
+				if n, err := strconv.Atoi(value); err == nil {
+					retry = n
+				}
+			}
+		}
+	}
+}
+
+// next returns the next event, failing the test after the deadline or if
+// the stream ends.
+func (c *sseClient) next() sseEvent {
+	c.t.Helper()
+	select {
+	case ev, ok := <-c.events:
+		if !ok {
+			c.t.Fatal("stream ended while an event was expected")
+		}
+		return ev
+	case <-time.After(waitFor):
+		c.t.Fatal("no event within the deadline")
+	}
+	return sseEvent{}
+}
+
+// nextData returns the data of the next n events.
+func (c *sseClient) nextData(n int) []string {
+	c.t.Helper()
+	out := make([]string, 0, n)
+	for range n {
+		out = append(out, c.next().Data)
+	}
+	return out
+}
+
+// expectEnd waits for the stream to end, failing on any further event.
+func (c *sseClient) expectEnd() {
+	c.t.Helper()
+	select {
+	case ev, ok := <-c.events:
+		if ok {
+			c.t.Fatalf("expected the stream to end, got event %+v", ev)
+		}
+	case <-time.After(waitFor):
+		c.t.Fatal("stream did not end within the deadline")
+	}
+}
+
+// comment waits for a comment line with the given text.
+func (c *sseClient) comment(text string) {
+	c.t.Helper()
+	deadline := time.After(waitFor)
+	for {
+		select {
+		case line := <-c.comments:
+			if line == ": "+text || line == ":"+text {
+				return
+			}
+		case <-c.done:
+			for {
+				select {
+				case line := <-c.comments:
+					if line == ": "+text || line == ":"+text {
+						return
+					}
+				default:
+					c.t.Fatalf("stream ended while waiting for a %q comment", text)
+				}
+			}
+		case <-deadline:
+			c.t.Fatalf("no %q comment within the deadline", text)
+		}
+	}
+}
+
+// seqOf decodes the position of the only channel of an id.
+func seqOf(t testing.TB, id string) replay.Position {
+	t.Helper()
+	entries, ok := replay.ParseCursor(id)
+	if !ok || len(entries) != 1 {
+		t.Fatalf("id %q is not a one-channel cursor", id)
+	}
+	return entries[0].Pos
+}
+
+func header(kv ...string) http.Header {
+	h := http.Header{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		h.Set(kv[i], kv[i+1])
+	}
+	return h
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }

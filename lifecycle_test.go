@@ -1,0 +1,186 @@
+package caddysse
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/http"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+const idleSite = `
+:{PORT} {
+	sse /events {
+		channel {query.channels}
+		heartbeat 50ms
+		publish {
+			secret ` + testSecret + `
+		}
+	}
+}
+`
+
+// steadyGoroutines returns the goroutine count once it has stopped
+// changing, after closing the test's idle keep-alive connections (their
+// client and server goroutines are not the streams').
+func steadyGoroutines() int {
+	http.DefaultClient.CloseIdleConnections()
+	prev := -1
+	deadline := time.Now().Add(waitFor)
+	for {
+		n := runtime.NumGoroutine()
+		if n == prev || time.Now().After(deadline) {
+			return n
+		}
+		prev = n
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// settleGoroutines waits until the goroutine count is at most want, and
+// returns the last count.
+func settleGoroutines(want int) int {
+	http.DefaultClient.CloseIdleConnections()
+	deadline := time.Now().Add(waitFor)
+	n := runtime.NumGoroutine()
+	for n > want && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+		n = runtime.NumGoroutine()
+	}
+	return n
+}
+
+func TestNoGoroutineLeakAfterManyStreams(t *testing.T) {
+	srv := startCaddy(t, idleSite)
+	addr := strings.TrimPrefix(srv.base, "http://")
+	// warm up: the heartbeat ticker and the history sweeper start once
+	rawStream(t, addr, "/events?channels=warm").Close()
+	srv.publish("/events", map[string]any{"channel": "warm", "data": "x"})
+	base := steadyGoroutines()
+
+	for i := range 300 {
+		conn := rawStream(t, addr, fmt.Sprintf("/events?channels=c%d,shared", i%7))
+		if i%3 == 0 { // some leave while an event is on its way
+			srv.publish("/events", map[string]any{"channel": "shared", "data": "x"})
+		}
+		conn.Close()
+	}
+	if n := settleGoroutines(base); n > base {
+		t.Fatalf("goroutines: %d after the streams closed, %d before", n, base)
+	}
+	hub, key, err := acquireHub()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer releaseHub(key)
+	for i := range 7 {
+		if n := hub.Subscribers(fmt.Sprintf("c%d", i)); n != 0 {
+			t.Fatalf("channel c%d still has %d subscribers", i, n)
+		}
+	}
+}
+
+// Idle streams cost the goroutines net/http needs per connection (the
+// serve goroutine, which runs the handler, and its background reader) and
+// nothing more: heartbeats come from one shared ticker.
+func TestIdleStreamsNeedNoGoroutineOfTheirOwn(t *testing.T) {
+	srv := startCaddy(t, idleSite)
+	addr := strings.TrimPrefix(srv.base, "http://")
+	rawStream(t, addr, "/events?channels=warm").Close()
+	base := steadyGoroutines()
+
+	const streams = 1000
+	conns := make([]net.Conn, 0, streams)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := range streams {
+		conns = append(conns, rawStream(t, addr, fmt.Sprintf("/events?channels=idle%d", i%100)))
+	}
+	// heartbeats flow (every 50 ms) on the idle streams meanwhile
+	expectHeartbeat(t, conns[0])
+	expectHeartbeat(t, conns[streams-1])
+	n := runtime.NumGoroutine()
+	if perStream := float64(n-base) / streams; n-base > 2*streams+10 {
+		t.Fatalf("%d goroutines for %d idle streams (%.2f per stream), want at most 2 per stream", n-base, streams, perStream)
+	}
+	t.Logf("%d goroutines for %d idle streams", n-base, streams)
+}
+
+func expectHeartbeat(t *testing.T, conn net.Conn) {
+	t.Helper()
+	_ = conn.SetReadDeadline(time.Now().Add(waitFor))
+	r := bufio.NewReader(conn)
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("no heartbeat: %v", err)
+		}
+		if strings.Contains(line, ": heartbeat") {
+			return
+		}
+	}
+}
+
+// A reload tells open streams server_closing (with a jittered retry) and
+// keeps the hub: a client that reconnects with its last id gets what was
+// published while it was away.
+func TestReloadInProcessKeepsHistory(t *testing.T) {
+	site := `
+:{PORT} {
+	sse /events {
+		channel {query.channels}
+		close_jitter 2s
+		publish {
+			secret ` + testSecret + `
+		}
+	}
+}
+`
+	srv := startCaddy(t, site)
+	c := srv.subscribe("/events?channels=a", nil)
+	srv.publish("/events", map[string]any{"channel": "a", "data": "before"})
+	last := c.next()
+
+	srv.reload(site)
+	closing := c.next()
+	if closing.Type != "server_closing" || closing.Data != `{"reason":"reload"}` {
+		t.Fatalf("got %+v, want server_closing for a reload", closing)
+	}
+	if closing.Retry < 0 || closing.Retry > 2000 {
+		t.Fatalf("retry %d is not within close_jitter", closing.Retry)
+	}
+	if closing.ID != last.ID {
+		t.Fatal("server_closing must not move the last event id")
+	}
+	c.expectEnd()
+
+	srv.publish("/events", map[string]any{"channel": "a", "data": "during"})
+	r := srv.subscribe("/events?channels=a", header("Last-Event-ID", last.ID))
+	if got := r.next(); got.Data != "during" {
+		t.Fatalf("got %+v after the reload, want the event published meanwhile", got)
+	}
+}
+
+func TestCloseJitterOffSendsRetryZero(t *testing.T) {
+	site := `
+:{PORT} {
+	sse /events {
+		channel a
+		close_jitter off
+	}
+}
+`
+	srv := startCaddy(t, site)
+	c := srv.subscribe("/events", nil)
+	c.comment("ok")
+	srv.reload(site)
+	if ev := c.next(); ev.Type != "server_closing" || ev.Retry != 0 {
+		t.Fatalf("got %+v, want server_closing with retry 0", ev)
+	}
+}

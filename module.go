@@ -1,0 +1,328 @@
+// Package caddysse is a Caddy HTTP handler that holds Server-Sent Events
+// streams at the proxy layer. Backends publish events with a POST (or,
+// later, straight into Redis); Caddy keeps the connections, sends
+// heartbeats, replays what a reconnecting client missed from its
+// Last-Event-ID, and tells clients to reconnect before a reload or shutdown.
+package caddysse
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/caddy-sse/caddy-sse/pubsub"
+	"github.com/caddy-sse/caddy-sse/replay"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+	httpcaddyfile.RegisterHandlerDirective("sse", parseCaddyfile)
+	httpcaddyfile.RegisterDirectiveOrder("sse", httpcaddyfile.Before, "reverse_proxy")
+}
+
+// Defaults of the handler's settings.
+const (
+	DefaultHeartbeat         = 15 * time.Second
+	DefaultRetry             = 3 * time.Second
+	DefaultHistorySize       = 1000
+	DefaultHistoryMaxAge     = 24 * time.Hour
+	DefaultHistoryBytes      = 4 << 20
+	DefaultReplayLimit       = 1000
+	DefaultMaxChannels       = 32
+	DefaultCloseJitter       = 5 * time.Second
+	DefaultMaxEventSize      = 64 << 10
+	DefaultQueue             = 500
+	DefaultQueueBytes        = 1 << 20
+	DefaultSlowClientTimeout = 30 * time.Second
+)
+
+// Handler serves Server-Sent Events: a GET (or HEAD) opens a stream of the
+// channels named by Channels, a POST with a bearer secret publishes an event
+// (when Publish is set). All handlers of a process share one embedded hub,
+// so an event published on one route or site reaches the subscribers of
+// every other.
+type Handler struct {
+	// Channels are the templates of the channels a stream subscribes to.
+	// Request placeholders are replaced per request, for example
+	// "user:{http.auth.user.id}" or "{http.request.uri.query.channels}". A
+	// template that resolves to a comma-separated list names several
+	// channels. A template with an empty or unknown placeholder rejects the
+	// request with 403 channel_unresolved. Without channels the route only
+	// publishes.
+	Channels []string `json:"channels,omitempty"`
+
+	// Namespace prefixes every channel of this handler (as
+	// "<namespace>:<channel>"), for subscribing and publishing alike, to keep
+	// tenants or sites apart on one hub. It may not contain ":".
+	Namespace string `json:"namespace,omitempty"`
+
+	// Heartbeat is how long a stream may stay silent before it is sent a
+	// comment line, so that proxies and load balancers do not cut idle
+	// streams. Default: 15s. A negative value turns heartbeats off.
+	Heartbeat caddy.Duration `json:"heartbeat,omitempty"`
+
+	// Retry is the reconnection delay sent to clients at the start of every
+	// stream ("retry:" field). Default: 3s.
+	Retry caddy.Duration `json:"retry,omitempty"`
+
+	// HistorySize is how many events are kept per channel for replay after
+	// a reconnect. Default: 1000.
+	HistorySize int `json:"history_size,omitempty"`
+
+	// HistoryMaxAge is how long each event is kept for replay. Default: 24h.
+	HistoryMaxAge caddy.Duration `json:"history_max_age,omitempty"`
+
+	// HistoryBytes bounds the size of a channel's kept events, so that a few
+	// large events cannot hold a lot of memory. Default: 4 MiB. It must be at
+	// least MaxEventSize.
+	HistoryBytes int64 `json:"history_bytes,omitempty"`
+
+	// ReplayLimit is the most events replayed per channel to a client that
+	// reconnects with a Last-Event-ID. A client that missed more is told
+	// that its replay was truncated and gets the newest ones. Default: 1000.
+	ReplayLimit int `json:"replay_limit,omitempty"`
+
+	// MaxChannels is the most channels one stream may subscribe to (after
+	// templates are resolved and split). Default: 32.
+	MaxChannels int `json:"max_channels,omitempty"`
+
+	// CloseJitter spreads the reconnections after a reload or shutdown: each
+	// stream is sent a reconnection delay drawn at random up to this long
+	// along with its server_closing event. Default: 5s. A negative value
+	// sends no delay (clients reconnect at once).
+	CloseJitter caddy.Duration `json:"close_jitter,omitempty"`
+
+	// MaxEventSize is the largest event data a publish may carry, in bytes;
+	// larger ones are rejected with 413. Default: 64 KiB.
+	MaxEventSize int64 `json:"max_event_size,omitempty"`
+
+	// Queue is how many events may wait to be written to one stream. A
+	// stream whose queue overflows stops taking live events and catches up
+	// from the history once it has drained, so it never misses one.
+	// Default: 500.
+	Queue int `json:"queue,omitempty"`
+
+	// QueueBytes bounds the size of the events waiting for one stream.
+	// Default: 1 MiB.
+	QueueBytes int64 `json:"queue_bytes,omitempty"`
+
+	// SlowClientTimeout is how long one write to a stream may block before
+	// the stream is ended. It replaces the server's write timeouts for
+	// streams, which would otherwise cut every long stream. Default: 30s.
+	SlowClientTimeout caddy.Duration `json:"slow_client_timeout,omitempty"`
+
+	// Publish enables publishing with a POST to this route.
+	Publish *PublishConfig `json:"publish,omitempty"`
+
+	logger  *zap.Logger
+	hub     *pubsub.Hub
+	hubKey  string
+	streams *registry
+	secret  []byte
+	limits  replay.Limits
+}
+
+// PublishConfig enables publishing on a route.
+type PublishConfig struct {
+	// Secret is the bearer token a publisher must send as
+	// "Authorization: Bearer <secret>". Global placeholders such as
+	// {env.SSE_PUBLISH_SECRET} are replaced when the config is loaded; an
+	// empty secret is a configuration error, so that an unset variable can
+	// never open publishing to anyone.
+	Secret string `json:"secret,omitempty"`
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.sse",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Provision applies defaults, resolves the publish secret and takes a
+// reference to the shared hub. It touches no network.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+	h.applyDefaults()
+	if err := h.provisionSecret(); err != nil {
+		return err
+	}
+	h.limits = replay.Limits{
+		Count:    h.HistorySize,
+		MaxAge:   time.Duration(h.HistoryMaxAge),
+		MaxBytes: h.HistoryBytes,
+	}
+	hub, key, err := acquireHub()
+	if err != nil {
+		return err
+	}
+	h.hub, h.hubKey = hub, key
+	h.streams = newRegistry(h.logger, h.heartbeat(), h.closeJitter())
+	return h.closeStreamsWhenStopping(ctx)
+}
+
+func (h *Handler) applyDefaults() {
+	setDefault(&h.Heartbeat, caddy.Duration(DefaultHeartbeat))
+	setDefault(&h.Retry, caddy.Duration(DefaultRetry))
+	setDefault(&h.HistorySize, DefaultHistorySize)
+	setDefault(&h.HistoryMaxAge, caddy.Duration(DefaultHistoryMaxAge))
+	setDefault(&h.HistoryBytes, DefaultHistoryBytes)
+	setDefault(&h.ReplayLimit, DefaultReplayLimit)
+	setDefault(&h.MaxChannels, DefaultMaxChannels)
+	setDefault(&h.CloseJitter, caddy.Duration(DefaultCloseJitter))
+	setDefault(&h.MaxEventSize, DefaultMaxEventSize)
+	setDefault(&h.Queue, DefaultQueue)
+	setDefault(&h.QueueBytes, DefaultQueueBytes)
+	setDefault(&h.SlowClientTimeout, caddy.Duration(DefaultSlowClientTimeout))
+}
+
+func setDefault[T comparable](field *T, value T) {
+	var zero T
+	if *field == zero {
+		*field = value
+	}
+}
+
+func (h *Handler) provisionSecret() error {
+	if h.Publish == nil {
+		return nil
+	}
+	secret, err := caddy.NewReplacer().ReplaceOrErr(h.Publish.Secret, true, true)
+	if err != nil || strings.TrimSpace(secret) == "" {
+		return errors.New("publish: the secret is empty (is its environment variable set?); an empty secret would let anyone publish")
+	}
+	h.secret = []byte(secret)
+	return nil
+}
+
+// closeStreamsWhenStopping ends the streams as soon as Caddy begins to stop
+// this config (reload or exit): the HTTP servers' graceful shutdown waits
+// for every open request, eternally by default, and Cleanup runs only after
+// it, so waiting for Cleanup would never end.
+func (h *Handler) closeStreamsWhenStopping(ctx caddy.Context) error {
+	app, err := ctx.App("events")
+	if err != nil {
+		return fmt.Errorf("loading events app: %v", err)
+	}
+	events, ok := app.(*caddyevents.App)
+	if !ok {
+		return fmt.Errorf("events app has unexpected type %T", app)
+	}
+	return events.On("stopping", stoppingHook{h.streams})
+}
+
+// stoppingHook closes a handler's streams on Caddy's "stopping" event.
+type stoppingHook struct{ streams *registry }
+
+// Handle tells every stream that the server is closing.
+func (s stoppingHook) Handle(_ context.Context, _ caddy.Event) error {
+	s.streams.closeAll(stopReason())
+	return nil
+}
+
+// stopReason says why streams are closed: the process exits, or a new
+// config replaces this one.
+func stopReason() string {
+	if caddy.Exiting() {
+		return "shutdown"
+	}
+	return "reload"
+}
+
+// Validate checks the configuration. It is read-only.
+func (h *Handler) Validate() error {
+	if len(h.Channels) == 0 && h.Publish == nil {
+		return errors.New("nothing to do: configure at least one channel or a publish block")
+	}
+	for _, tmpl := range h.Channels {
+		if strings.TrimSpace(tmpl) == "" {
+			return errors.New("channel: empty template")
+		}
+	}
+	if h.Namespace != "" {
+		if err := validateChannelName(h.Namespace); err != nil || strings.Contains(h.Namespace, ":") {
+			return fmt.Errorf("namespace %q: must be a valid channel name without ':'", h.Namespace)
+		}
+	}
+	return h.validateLimits()
+}
+
+func (h *Handler) validateLimits() error {
+	checks := []struct {
+		ok  bool
+		msg string
+	}{
+		{h.Retry >= 0, "retry must not be negative"},
+		{h.HistorySize > 0, "history size must be positive"},
+		{h.HistoryMaxAge > 0, "history max age must be positive"},
+		{h.ReplayLimit > 0, "replay_limit must be positive"},
+		{h.MaxChannels > 0, "max_channels must be positive"},
+		{h.MaxEventSize > 0, "max_event_size must be positive"},
+		{h.HistoryBytes >= h.MaxEventSize, "history_bytes must be at least max_event_size"},
+		{h.Queue > 0, "queue must be positive"},
+		{h.QueueBytes >= h.MaxEventSize, "queue_bytes must be at least max_event_size"},
+		{h.SlowClientTimeout > 0, "slow_client_timeout must be positive"},
+	}
+	for _, c := range checks {
+		if !c.ok {
+			return errors.New(c.msg)
+		}
+	}
+	return nil
+}
+
+// Cleanup ends this handler's streams and releases its reference to the
+// hub, which lives on while another config (e.g. the one a reload brought
+// in) still uses it. It copes with a Provision that stopped halfway.
+func (h *Handler) Cleanup() error {
+	if h.streams != nil {
+		h.streams.closeAll(stopReason())
+		h.streams.stop()
+	}
+	if h.hubKey != "" {
+		return releaseHub(h.hubKey)
+	}
+	return nil
+}
+
+func (h *Handler) heartbeat() time.Duration {
+	if h.Heartbeat < 0 {
+		return 0
+	}
+	return time.Duration(h.Heartbeat)
+}
+
+func (h *Handler) closeJitter() time.Duration {
+	if h.CloseJitter < 0 {
+		return 0
+	}
+	return time.Duration(h.CloseJitter)
+}
+
+// channelKey is a channel's name in the hub: namespaced.
+func (h *Handler) channelKey(name string) string {
+	if h.Namespace == "" {
+		return name
+	}
+	return h.Namespace + ":" + name
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+	_ caddyfile.Unmarshaler       = (*Handler)(nil)
+	_ caddyevents.Handler         = stoppingHook{}
+)

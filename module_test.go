@@ -1,0 +1,95 @@
+package caddysse
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+func validHandler() *Handler {
+	h := &Handler{Channels: []string{"a"}}
+	h.applyDefaults()
+	return h
+}
+
+func TestValidate(t *testing.T) {
+	cases := []struct {
+		name   string
+		modify func(*Handler)
+		want   string
+	}{
+		{"nothing to do", func(h *Handler) { h.Channels = nil }, "nothing to do"},
+		{"blank template", func(h *Handler) { h.Channels = []string{" "} }, "empty template"},
+		{"namespace with colon", func(h *Handler) { h.Namespace = "a:b" }, "namespace"},
+		{"namespace with brace", func(h *Handler) { h.Namespace = "a{" }, "namespace"},
+		{"history below event size", func(h *Handler) { h.HistoryBytes = h.MaxEventSize - 1 }, "history_bytes"},
+		{"queue bytes below event size", func(h *Handler) { h.QueueBytes = 10 }, "queue_bytes"},
+		{"negative replay limit", func(h *Handler) { h.ReplayLimit = -1 }, "replay_limit"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := validHandler()
+			tc.modify(h)
+			if err := h.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+	if err := validHandler().Validate(); err != nil {
+		t.Fatalf("a valid handler: %v", err)
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	h := validHandler()
+	if h.heartbeat() != DefaultHeartbeat || h.closeJitter() != DefaultCloseJitter || h.ReplayLimit != 1000 || h.MaxChannels != 32 {
+		t.Fatalf("defaults: %+v", h)
+	}
+	h.Heartbeat, h.CloseJitter = -1, -1
+	if h.heartbeat() != 0 || h.closeJitter() != 0 {
+		t.Fatal("negative heartbeat and close_jitter mean off")
+	}
+}
+
+// caddy validate provisions and cleans up; it must leave nothing behind
+// (no hub, no goroutine) and cope with a Cleanup after a failed Provision.
+func TestValidateLeavesNothingBehind(t *testing.T) {
+	cfg := adapt(t, globalOptions("")+`
+:`+itoa(freePort(t))+` {
+	sse /events {
+		channel a
+		publish {
+			secret x
+		}
+	}
+}
+`)
+	before := steadyGoroutines()
+	if err := caddy.Validate(mustConfig(t, cfg)); err != nil {
+		t.Fatal(err)
+	}
+	if n := settleGoroutines(before); n > before {
+		t.Fatalf("goroutines %d after validate, %d before", n, before)
+	}
+	if refs, ok := hubs.References(embeddedHubKey); ok {
+		t.Fatalf("validate left the hub in the pool with %d references", refs)
+	}
+}
+
+func mustConfig(t *testing.T, raw []byte) *caddy.Config {
+	t.Helper()
+	var cfg caddy.Config
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	return &cfg
+}
+
+func TestCleanupAfterHalfProvision(t *testing.T) {
+	h := &Handler{}
+	if err := h.Cleanup(); err != nil {
+		t.Fatalf("cleanup of an unprovisioned handler: %v", err)
+	}
+}

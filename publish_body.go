@@ -1,0 +1,206 @@
+package caddysse
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/caddy-sse/caddy-sse/wire"
+)
+
+// publishRequest is a validated publish: the channels (as the publisher
+// names them, without the namespace), the event type and the data.
+type publishRequest struct {
+	channels []string
+	event    string
+	data     []byte
+}
+
+// bodyOverhead is what a body may hold besides the event data: channel
+// names, the event type, JSON syntax and escapes.
+const bodyOverhead = 64 << 10
+
+func badRequest(code, format string, args ...any) *rejection {
+	return &rejection{status: http.StatusBadRequest, code: code, detail: fmt.Sprintf(format, args...)}
+}
+
+// readPublish reads and validates a publish body: JSON
+// {"channel": "a" | ["a", ...], "event": "t", "data": <string | any JSON>}
+// or form fields channel (repeatable), event and data.
+func (h *Handler) readPublish(w http.ResponseWriter, r *http.Request) (*publishRequest, *rejection) {
+	mediaType, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	// a JSON string may escape each byte of the data into 6, so the body
+	// limit is looser than max_event_size; the data itself is checked after
+	limit := 6*h.MaxEventSize + bodyOverhead
+	r.Body = http.MaxBytesReader(w, r.Body, limit)
+	var req *publishRequest
+	var rej *rejection
+	switch {
+	case mediaType == "application/json" || strings.HasSuffix(mediaType, "+json"):
+		req, rej = readJSONPublish(r)
+	case mediaType == "application/x-www-form-urlencoded" || mediaType == "multipart/form-data":
+		req, rej = readFormPublish(r, limit)
+	default:
+		return nil, &rejection{status: http.StatusUnsupportedMediaType, code: "unsupported_media_type", detail: "send application/json, application/x-www-form-urlencoded or multipart/form-data"}
+	}
+	if rej != nil {
+		return nil, rej
+	}
+	return req, h.validatePublish(req)
+}
+
+// readError tells a body over the limit apart from other read errors.
+func readError(err error) *rejection {
+	var maxErr *http.MaxBytesError
+	if errors.As(err, &maxErr) {
+		return &rejection{status: http.StatusRequestEntityTooLarge, code: "event_too_large", detail: "the request body is too large"}
+	}
+	return badRequest("body_invalid", "reading the body: %v", err)
+}
+
+type jsonPublish struct {
+	Channel json.RawMessage `json:"channel"`
+	Event   string          `json:"event"`
+	Data    json.RawMessage `json:"data"`
+}
+
+func readJSONPublish(r *http.Request) (*publishRequest, *rejection) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		return nil, readError(err)
+	}
+	// encoding/json silently replaces invalid UTF-8 with U+FFFD: refuse it
+	// instead of publishing something else than what was sent
+	if !utf8.Valid(body) {
+		return nil, badRequest("body_invalid", "the body is not valid UTF-8")
+	}
+	var in jsonPublish
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&in); err != nil {
+		return nil, badRequest("json_invalid", "%v", err)
+	}
+	if dec.More() {
+		return nil, badRequest("json_invalid", "trailing data after the JSON object")
+	}
+	req := &publishRequest{event: in.Event}
+	var rej *rejection
+	if req.channels, rej = jsonChannels(in.Channel); rej != nil {
+		return nil, rej
+	}
+	if req.data, rej = jsonData(in.Data); rej != nil {
+		return nil, rej
+	}
+	return req, nil
+}
+
+func jsonChannels(raw json.RawMessage) ([]string, *rejection) {
+	if len(raw) == 0 {
+		return nil, nil // reported as channel_missing
+	}
+	var one string
+	if err := json.Unmarshal(raw, &one); err == nil {
+		return []string{one}, nil
+	}
+	var many []string
+	if err := json.Unmarshal(raw, &many); err == nil {
+		return many, nil
+	}
+	return nil, badRequest("channel_invalid", `"channel" must be a string or an array of strings`)
+}
+
+// jsonData returns a string's text, or any other JSON value as compact JSON.
+func jsonData(raw json.RawMessage) ([]byte, *rejection) {
+	if len(raw) == 0 {
+		return []byte{}, nil
+	}
+	if raw[0] != '"' {
+		var out bytes.Buffer
+		if err := json.Compact(&out, raw); err != nil {
+			return nil, badRequest("json_invalid", "%v", err)
+		}
+		return out.Bytes(), nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return nil, badRequest("json_invalid", "%v", err)
+	}
+	if replacedSurrogate(raw, s) {
+		return nil, badRequest("data_invalid", `"data" holds an unpaired UTF-16 surrogate escape`)
+	}
+	return []byte(s), nil
+}
+
+// replacedSurrogate reports whether decoding turned an invalid escape (a
+// lone \ud800-\udfff) into U+FFFD: the decoded text has more U+FFFD than the
+// JSON source spelled out.
+func replacedSurrogate(raw []byte, decoded string) bool {
+	got := strings.Count(decoded, "\uFFFD")
+	if got == 0 {
+		return false
+	}
+	src := string(raw)
+	spelled := strings.Count(src, "\uFFFD") + strings.Count(strings.ToLower(src), `\ufffd`)
+	return got > spelled
+}
+
+func readFormPublish(r *http.Request, limit int64) (*publishRequest, *rejection) {
+	var err error
+	if strings.HasPrefix(r.Header.Get("Content-Type"), "multipart/") {
+		err = r.ParseMultipartForm(limit)
+	} else {
+		err = r.ParseForm()
+	}
+	if err != nil {
+		return nil, readError(err)
+	}
+	form := r.PostForm
+	req := &publishRequest{channels: form["channel"], event: form.Get("event"), data: []byte(form.Get("data"))}
+	if len(form["event"]) > 1 || len(form["data"]) > 1 {
+		return nil, badRequest("body_invalid", "event and data may be given once")
+	}
+	if !utf8.ValidString(req.event) || !utf8.Valid(req.data) {
+		return nil, badRequest("data_invalid", "event and data must be valid UTF-8")
+	}
+	return req, nil
+}
+
+// validatePublish checks the channels, event type and data size, and drops
+// duplicate channels (an event is published once per channel).
+func (h *Handler) validatePublish(req *publishRequest) *rejection {
+	if len(req.channels) == 0 {
+		return badRequest("channel_missing", "name at least one channel")
+	}
+	if len(req.channels) > h.MaxChannels {
+		return badRequest("too_many_channels", "%d channels, at most %d", len(req.channels), h.MaxChannels)
+	}
+	seen := make(map[string]bool, len(req.channels))
+	unique := req.channels[:0:0]
+	for _, c := range req.channels {
+		if err := validateChannelName(c); err != nil {
+			return badRequest("channel_invalid", "%q: %v", c, err)
+		}
+		if !seen[c] {
+			seen[c] = true
+			unique = append(unique, c)
+		}
+	}
+	req.channels = unique
+	switch {
+	case wire.IsReservedType(req.event):
+		return badRequest("event_reserved", "%q is an event type of the module itself", req.event)
+	case !wire.ValidEventType(req.event):
+		return badRequest("event_invalid", "an event type must be at most %d bytes of UTF-8 without line breaks", wire.MaxEventTypeLen)
+	case int64(len(req.data)) > h.MaxEventSize:
+		return &rejection{status: http.StatusRequestEntityTooLarge, code: "event_too_large", detail: fmt.Sprintf("data is %d bytes, at most %d", len(req.data), h.MaxEventSize)}
+	case !utf8.Valid(req.data):
+		return badRequest("data_invalid", "data must be valid UTF-8")
+	}
+	return nil
+}

@@ -1,0 +1,48 @@
+// Package pubsub carries events from publishers to the streams that
+// subscribe to them. A Broker moves events between instances and keeps
+// their history (in memory for one instance; Redis for many); the Hub sits
+// on top of a broker in each process, keeps the local subscribers of every
+// channel and fans each event out to them. It does not import Caddy.
+package pubsub
+
+import (
+	"context"
+	"errors"
+
+	"github.com/caddy-sse/caddy-sse/replay"
+)
+
+// Message is what a publisher sends to a channel.
+type Message struct {
+	// Type is the event type ("" for EventSource's default "message").
+	Type string
+	// Data is the payload, UTF-8 text.
+	Data []byte
+}
+
+// DeliverFunc receives every event of a channel that this instance watches,
+// in the channel's order. The event must not be modified.
+type DeliverFunc func(channel string, ev *replay.Event)
+
+// Broker moves events between instances and keeps each channel's history.
+type Broker interface {
+	// Publish appends msg to channel's history and delivers it to the
+	// watchers of the channel on every instance. It never waits for
+	// subscribers.
+	Publish(ctx context.Context, channel string, msg Message, lim replay.Limits) (replay.Position, error)
+	// Read returns the events of channel after position after (at most
+	// limit, by the rules of replay.Select), or only the channel's head if
+	// after is nil.
+	Read(ctx context.Context, channel string, after *replay.Position, limit int) (replay.Page, error)
+	// Watch tells the broker that this instance has local subscribers of
+	// channel, Unwatch that it has none left. Calls for one channel are
+	// serialized by the hub and alternate: Watch, Unwatch, Watch, ...
+	// Neither may block on the network.
+	Watch(channel string)
+	Unwatch(channel string)
+	// Close releases the broker's resources.
+	Close() error
+}
+
+// ErrClosed is returned by a hub or broker that has been closed.
+var ErrClosed = errors.New("pubsub: closed")

@@ -1,0 +1,175 @@
+package pubsub
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	"github.com/caddy-sse/caddy-sse/replay"
+)
+
+// Subscriber receives the live events of the channels it subscribed to.
+// Deliver is called from the publisher's or broker's goroutine, in each
+// channel's order, and must not block: it queues the event and returns.
+// slot is the index of the channel in the list given to Subscribe.
+type Subscriber interface {
+	Deliver(slot int, ev *replay.Event)
+}
+
+// Hub fans the events of a broker out to the subscribers of this process.
+// Every handler that names the same backend shares one hub, so a publish on
+// one route reaches the subscribers of all the others.
+type Hub struct {
+	broker Broker
+	once   *Idempotency
+
+	mu       sync.RWMutex
+	channels map[string]*members
+	closed   atomic.Bool
+}
+
+// members are a channel's local subscribers. Each membership knows its
+// index so that leaving is a swap-remove, not a search.
+type members struct {
+	mu   sync.RWMutex
+	list []*Membership
+}
+
+// Membership is one subscriber's subscription to one channel.
+type Membership struct {
+	sub   Subscriber
+	slot  int
+	index int
+	name  string
+	of    *members
+}
+
+// Subscription is what Subscribe returns; Close ends it.
+type Subscription struct {
+	hub     *Hub
+	members []*Membership
+	done    bool
+}
+
+// NewHub returns a hub over the broker that newBroker builds; the broker
+// delivers its events to the hub.
+func NewHub(newBroker func(DeliverFunc) Broker) *Hub {
+	h := &Hub{channels: make(map[string]*members), once: NewIdempotency()}
+	h.broker = newBroker(h.deliver)
+	return h
+}
+
+// NewMemoryHub returns a hub over the embedded broker.
+func NewMemoryHub() *Hub {
+	return NewHub(func(d DeliverFunc) Broker { return NewMemory(d) })
+}
+
+// Broker returns the hub's broker.
+func (h *Hub) Broker() Broker { return h.broker }
+
+// Idempotency returns the store of publish replies for Idempotency-Key.
+func (h *Hub) Idempotency() *Idempotency { return h.once }
+
+// Publish publishes msg to channel through the broker.
+func (h *Hub) Publish(ctx context.Context, channel string, msg Message, lim replay.Limits) (replay.Position, error) {
+	if h.closed.Load() {
+		return replay.Position{}, ErrClosed
+	}
+	return h.broker.Publish(ctx, channel, msg, lim)
+}
+
+// Read reads channel's history through the broker.
+func (h *Hub) Read(ctx context.Context, channel string, after *replay.Position, limit int) (replay.Page, error) {
+	if h.closed.Load() {
+		return replay.Page{}, ErrClosed
+	}
+	return h.broker.Read(ctx, channel, after, limit)
+}
+
+// Subscribe makes sub receive the live events of channels from now on;
+// the event of channels[i] arrives with slot i. Subscribe before reading the
+// history, so that no event falls between the two (events seen twice are
+// told apart by their position).
+func (h *Hub) Subscribe(sub Subscriber, channels []string) *Subscription {
+	s := &Subscription{hub: h, members: make([]*Membership, len(channels))}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i, name := range channels {
+		ms := h.channels[name]
+		if ms == nil {
+			ms = &members{}
+			h.channels[name] = ms
+			h.broker.Watch(name)
+		}
+		m := &Membership{sub: sub, slot: i, name: name, of: ms}
+		ms.mu.Lock()
+		m.index = len(ms.list)
+		ms.list = append(ms.list, m)
+		ms.mu.Unlock()
+		s.members[i] = m
+	}
+	return s
+}
+
+// Close ends the subscription; it is safe to call more than once.
+func (s *Subscription) Close() {
+	if s == nil || s.done {
+		return
+	}
+	s.done = true
+	h := s.hub
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, m := range s.members {
+		ms := m.of
+		ms.mu.Lock()
+		last := ms.list[len(ms.list)-1]
+		ms.list[m.index] = last
+		last.index = m.index
+		ms.list[len(ms.list)-1] = nil
+		ms.list = ms.list[:len(ms.list)-1]
+		empty := len(ms.list) == 0
+		ms.mu.Unlock()
+		if empty && h.channels[m.name] == ms {
+			delete(h.channels, m.name)
+			h.broker.Unwatch(m.name)
+		}
+	}
+}
+
+// deliver hands ev to every local subscriber of channel. It allocates
+// nothing: the event is shared, and each subscriber queues a pointer.
+func (h *Hub) deliver(channel string, ev *replay.Event) {
+	h.mu.RLock()
+	ms := h.channels[channel]
+	h.mu.RUnlock()
+	if ms == nil {
+		return
+	}
+	ms.mu.RLock()
+	for _, m := range ms.list {
+		m.sub.Deliver(m.slot, ev)
+	}
+	ms.mu.RUnlock()
+}
+
+// Subscribers returns how many local subscriptions channel has.
+func (h *Hub) Subscribers(channel string) int {
+	h.mu.RLock()
+	ms := h.channels[channel]
+	h.mu.RUnlock()
+	if ms == nil {
+		return 0
+	}
+	ms.mu.RLock()
+	defer ms.mu.RUnlock()
+	return len(ms.list)
+}
+
+// Close closes the broker; later publishes and reads fail with ErrClosed.
+func (h *Hub) Close() error {
+	if h.closed.Swap(true) {
+		return nil
+	}
+	return h.broker.Close()
+}

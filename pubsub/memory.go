@@ -1,0 +1,82 @@
+package pubsub
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/caddy-sse/caddy-sse/replay"
+	"github.com/caddy-sse/caddy-sse/wire"
+)
+
+// sweepInterval is how often the embedded broker frees expired history.
+const sweepInterval = time.Minute
+
+// Memory is the embedded broker: one process, history in a replay.Memory
+// ring buffer per channel. Appending and delivering happen under the
+// channel's lock, so every subscriber sees a channel's events in order.
+type Memory struct {
+	log     *replay.Memory
+	deliver DeliverFunc
+
+	sweepOnce sync.Once
+	stop      chan struct{}
+	stopOnce  sync.Once
+}
+
+// NewMemory returns an embedded broker that hands every event to deliver.
+func NewMemory(deliver DeliverFunc) *Memory {
+	return &Memory{log: replay.NewMemory(), deliver: deliver, stop: make(chan struct{})}
+}
+
+// Publish encodes msg once, appends it to the channel's ring and delivers it
+// to this process's subscribers.
+func (m *Memory) Publish(ctx context.Context, channel string, msg Message, lim replay.Limits) (replay.Position, error) {
+	select {
+	case <-m.stop:
+		return replay.Position{}, ErrClosed
+	default:
+	}
+	m.sweepOnce.Do(func() { go m.sweep() })
+	frame := wire.AppendEvent(make([]byte, 0, frameSize(msg)), msg.Type, msg.Data)
+	ev := m.log.Append(channel, frame, lim, func(ev *replay.Event) { m.deliver(channel, ev) })
+	return ev.Pos, nil
+}
+
+// frameSize estimates the encoded size of msg, to allocate its frame once.
+func frameSize(msg Message) int {
+	return len("event: \n") + len(msg.Type) + len("data: \n") + len(msg.Data) + len(msg.Data)/16
+}
+
+// Read returns the channel's history after position after.
+func (m *Memory) Read(_ context.Context, channel string, after *replay.Position, limit int) (replay.Page, error) {
+	return m.log.Read(channel, after, limit), nil
+}
+
+// Watch does nothing: every event is delivered to the hub already.
+func (m *Memory) Watch(string) {}
+
+// Unwatch does nothing.
+func (m *Memory) Unwatch(string) {}
+
+// Close stops the sweeper.
+func (m *Memory) Close() error {
+	m.stopOnce.Do(func() { close(m.stop) })
+	return nil
+}
+
+// Log exposes the history, for statistics and tests.
+func (m *Memory) Log() *replay.Memory { return m.log }
+
+func (m *Memory) sweep() {
+	t := time.NewTicker(sweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			m.log.Sweep()
+		case <-m.stop:
+			return
+		}
+	}
+}

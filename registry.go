@@ -1,0 +1,129 @@
+package caddysse
+
+import (
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// registry keeps a handler's open streams: to send them heartbeats from one
+// shared ticker (no timer or goroutine per stream), and to close them all
+// when the config stops.
+type registry struct {
+	logger    *zap.Logger
+	heartbeat time.Duration
+	jitter    time.Duration
+
+	mu      sync.Mutex
+	streams map[*stream]struct{}
+	closed  string // the reason, once closing has begun
+	ticking bool
+	done    chan struct{}
+	stopped bool
+}
+
+func newRegistry(logger *zap.Logger, heartbeat, jitter time.Duration) *registry {
+	return &registry{
+		logger:    logger,
+		heartbeat: heartbeat,
+		jitter:    jitter,
+		streams:   make(map[*stream]struct{}),
+		done:      make(chan struct{}),
+	}
+}
+
+// add registers a stream. A stream that opens after closing has begun is
+// told to close at once. The heartbeat ticker starts with the first stream,
+// so that loading (or validating) a config starts no goroutine.
+func (r *registry) add(s *stream) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.streams[s] = struct{}{}
+	if r.closed != "" {
+		s.close(r.notice(r.closed))
+		return
+	}
+	if !r.ticking && r.heartbeat > 0 && !r.stopped {
+		r.ticking = true
+		go r.tick()
+	}
+}
+
+func (r *registry) remove(s *stream) {
+	r.mu.Lock()
+	delete(r.streams, s)
+	r.mu.Unlock()
+}
+
+// count returns how many streams are open.
+func (r *registry) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.streams)
+}
+
+// closeAll tells every stream to send server_closing and end, each with a
+// reconnection delay drawn at random within the jitter so that clients do
+// not all come back at once. Streams opened later are told at once.
+func (r *registry) closeAll(reason string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed != "" {
+		return
+	}
+	r.closed = reason
+	for s := range r.streams {
+		s.close(r.notice(reason))
+	}
+	if n := len(r.streams); n > 0 {
+		r.logger.Info("closing streams", zap.String("reason", reason), zap.Int("streams", n), zap.Duration("close_jitter", r.jitter))
+	}
+}
+
+func (r *registry) notice(reason string) *closeNotice {
+	n := &closeNotice{reason: reason}
+	if r.jitter > 0 {
+		n.retry = rand.N(r.jitter + 1)
+	}
+	return n
+}
+
+// stop ends the heartbeat ticker.
+func (r *registry) stop() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.stopped {
+		r.stopped = true
+		close(r.done)
+	}
+}
+
+// tick marks the streams that have been silent for a heartbeat interval
+// and wakes them; each writes its heartbeat itself. The ticker runs at a
+// quarter of the interval, so a heartbeat is at most a quarter late.
+func (r *registry) tick() {
+	t := time.NewTicker(max(r.heartbeat/4, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case now := <-t.C:
+			r.markSilent(now)
+		case <-r.done:
+			return
+		}
+	}
+}
+
+func (r *registry) markSilent(now time.Time) {
+	due := now.Add(-r.heartbeat).UnixNano()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for s := range r.streams {
+		if s.lastWrite.Load() <= due {
+			s.beatDue.Store(true)
+			s.poke()
+		}
+	}
+}

@@ -1,0 +1,238 @@
+package caddysse
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+const rejectSite = `
+:{PORT} {
+	sse /events {
+		channel {query.channels}
+		max_channels 2
+		max_event_size 1KiB
+		publish {
+			secret ` + testSecret + `
+		}
+	}
+	sse /user/events {
+		channel user:{http.request.header.X-User}
+	}
+	sse /publish-only {
+		publish {
+			secret ` + testSecret + `
+		}
+	}
+	handle /options/* {
+		respond "preflight passed on" 204
+	}
+}
+`
+
+// assertError checks a refusal: status and JSON {"error": code}.
+func assertError(t *testing.T, resp *http.Response, status int, code string) {
+	t.Helper()
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != status {
+		t.Fatalf("status %d, want %d (body %s)", resp.StatusCode, status, body)
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("Content-Type %q, want application/json", ct)
+	}
+	var out struct {
+		Error string `json:"error"`
+	}
+	if err := json.Unmarshal(body, &out); err != nil || out.Error != code {
+		t.Fatalf("body %s, want error %q", body, code)
+	}
+}
+
+func do(t *testing.T, method, url string, hdr http.Header, body string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range hdr {
+		req.Header[k] = v
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+func TestSubscribeRejections(t *testing.T) {
+	srv := startCaddy(t, rejectSite)
+	cases := []struct {
+		name, path string
+		hdr        http.Header
+		status     int
+		code       string
+	}{
+		{"missing query placeholder", "/events", nil, 403, "channel_unresolved"},
+		{"empty query value", "/events?channels=", nil, 403, "channel_unresolved"},
+		{"missing header placeholder", "/user/events", nil, 403, "channel_unresolved"},
+		{"empty header placeholder", "/user/events", header("X-User", ""), 403, "channel_unresolved"},
+		{"brace in name", "/events?channels=a%7Bb", nil, 400, "channel_invalid"},
+		{"control character", "/events?channels=a%01b", nil, 400, "channel_invalid"},
+		{"empty item in list", "/events?channels=a,,b", nil, 400, "channel_invalid"},
+		{"too long", "/events?channels=" + strings.Repeat("x", 201), nil, 400, "channel_invalid"},
+		{"too many channels", "/events?channels=a,b,c", nil, 400, "too_many_channels"},
+		{"subscribe on publish-only route", "/publish-only", nil, 405, "method_not_allowed"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			assertError(t, do(t, http.MethodGet, srv.base+tc.path, tc.hdr, ""), tc.status, tc.code)
+		})
+	}
+	t.Run("duplicates count once", func(t *testing.T) {
+		srv.subscribe("/events?channels=a,b,a", nil)
+	})
+	t.Run("resolved header channel", func(t *testing.T) {
+		c := srv.subscribe("/user/events", header("X-User", "42"))
+		srv.publish("/publish-only", map[string]any{"channel": "user:42", "data": "hi 42"})
+		if ev := c.next(); ev.Data != "hi 42" {
+			t.Fatalf("got %+v", ev)
+		}
+	})
+}
+
+func TestMethodsAndHead(t *testing.T) {
+	srv := startCaddy(t, rejectSite)
+	resp := do(t, http.MethodPut, srv.base+"/events?channels=a", nil, "")
+	if allow := resp.Header.Get("Allow"); allow != "GET, HEAD, POST" {
+		t.Errorf("Allow = %q", allow)
+	}
+	assertError(t, resp, 405, "method_not_allowed")
+
+	resp = do(t, http.MethodPost, srv.base+"/user/events", header("X-User", "1"), "")
+	if allow := resp.Header.Get("Allow"); allow != "GET, HEAD" {
+		t.Errorf("Allow = %q", allow)
+	}
+	assertError(t, resp, 405, "method_not_allowed")
+
+	// HEAD answers like GET, without a body
+	head := do(t, http.MethodHead, srv.base+"/events?channels=a", nil, "")
+	head.Body.Close()
+	if head.StatusCode != 200 || head.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("HEAD: %d %v", head.StatusCode, head.Header)
+	}
+	head = do(t, http.MethodHead, srv.base+"/events", nil, "")
+	head.Body.Close()
+	if head.StatusCode != 403 {
+		t.Fatalf("HEAD of an unresolved channel: %d, want 403", head.StatusCode)
+	}
+}
+
+func TestOptionsPassesToTheNextHandler(t *testing.T) {
+	srv := startCaddy(t, `
+:{PORT} {
+	route {
+		sse /events {
+			channel a
+		}
+		respond "next handler" 200
+	}
+}
+`)
+	resp := do(t, http.MethodOptions, srv.base+"/events", nil, "")
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || string(body) != "next handler" {
+		t.Fatalf("OPTIONS: %d %q", resp.StatusCode, body)
+	}
+}
+
+func TestPublishRejections(t *testing.T) {
+	srv := startCaddy(t, rejectSite)
+	jsonHdr := header("Content-Type", "application/json", "Authorization", "Bearer "+testSecret)
+	cases := []struct {
+		name   string
+		hdr    http.Header
+		body   string
+		status int
+		code   string
+	}{
+		{"no secret", header("Content-Type", "application/json"), `{"channel":"a"}`, 401, "unauthorized"},
+		{"wrong secret", header("Content-Type", "application/json", "Authorization", "Bearer nope"), `{"channel":"a"}`, 401, "unauthorized"},
+		{"basic auth", header("Content-Type", "application/json", "Authorization", "Basic "+testSecret), `{"channel":"a"}`, 401, "unauthorized"},
+		{"bad json", jsonHdr, `{"channel":`, 400, "json_invalid"},
+		{"unknown field", jsonHdr, `{"chanel":"a"}`, 400, "json_invalid"},
+		{"trailing data", jsonHdr, `{"channel":"a"} {}`, 400, "json_invalid"},
+		{"no channel", jsonHdr, `{"data":"x"}`, 400, "channel_missing"},
+		{"channel not a string", jsonHdr, `{"channel":5}`, 400, "channel_invalid"},
+		{"invalid channel", jsonHdr, `{"channel":"a,b"}`, 400, "channel_invalid"},
+		{"too many channels", jsonHdr, `{"channel":["a","b","c"]}`, 400, "too_many_channels"},
+		{"reserved event type", jsonHdr, `{"channel":"a","event":"server_closing"}`, 400, "event_reserved"},
+		{"event type with newline", jsonHdr, `{"channel":"a","event":"x\ny"}`, 400, "event_invalid"},
+		{"not utf-8", jsonHdr, "{\"channel\":\"a\",\"data\":\"\xff\"}", 400, "body_invalid"},
+		{"lone surrogate", jsonHdr, `{"channel":"a","data":"\ud800"}`, 400, "data_invalid"},
+		{"too large", jsonHdr, `{"channel":"a","data":"` + strings.Repeat("x", 1025) + `"}`, 413, "event_too_large"},
+		{"far too large", jsonHdr, `{"channel":"a","data":"` + strings.Repeat("x", 200<<10) + `"}`, 413, "event_too_large"},
+		{"no content type", header("Authorization", "Bearer "+testSecret), `{"channel":"a"}`, 415, "unsupported_media_type"},
+		{"form not utf-8", header("Content-Type", "application/x-www-form-urlencoded", "Authorization", "Bearer "+testSecret), "channel=a&data=%FF", 400, "data_invalid"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			resp := do(t, http.MethodPost, srv.base+"/events", tc.hdr, tc.body)
+			if tc.status == 401 && resp.Header.Get("WWW-Authenticate") == "" {
+				t.Error("401 without WWW-Authenticate")
+			}
+			assertError(t, resp, tc.status, tc.code)
+		})
+	}
+	t.Run("exactly max_event_size is accepted", func(t *testing.T) {
+		resp := do(t, http.MethodPost, srv.base+"/events", jsonHdr, `{"channel":"a","data":"`+strings.Repeat("x", 1024)+`"}`)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	})
+	t.Run("escaped U+FFFD is data, not a lone surrogate", func(t *testing.T) {
+		resp := do(t, http.MethodPost, srv.base+"/events", jsonHdr, `{"channel":"a","data":"\ufffd"}`)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	})
+}
+
+func TestRejectedPublishDeliversNothing(t *testing.T) {
+	srv := startCaddy(t, rejectSite)
+	c := srv.subscribe("/events?channels=a", nil)
+	resp := do(t, http.MethodPost, srv.base+"/events", header("Content-Type", "application/json"), `{"channel":"a","data":"unauthorized"}`)
+	resp.Body.Close()
+	srv.publish("/events", map[string]any{"channel": "a", "data": "authorized"})
+	if ev := c.next(); ev.Data != "authorized" {
+		t.Fatalf("got %+v: a refused publish was delivered", ev)
+	}
+}
+
+func TestEmptySecretIsAConfigError(t *testing.T) {
+	cfg := adapt(t, globalOptions("")+`
+:`+itoa(freePort(t))+` {
+	sse /events {
+		channel a
+		publish {
+			secret {env.CADDY_SSE_TEST_UNSET_SECRET}
+		}
+	}
+}
+`)
+	err := caddy.Load(cfg, true)
+	if err == nil {
+		_ = caddy.Stop()
+		t.Fatal("a publish secret that resolves to nothing must fail provisioning")
+	}
+	if !strings.Contains(err.Error(), "secret is empty") {
+		t.Fatalf("error %q does not say the secret is empty", err)
+	}
+}

@@ -1,0 +1,95 @@
+package replay
+
+import (
+	"fmt"
+	"testing"
+)
+
+func benchEntries(n int) []ChannelPosition {
+	entries := make([]ChannelPosition, n)
+	for i := range entries {
+		entries[i] = ChannelPosition{
+			Hash: HashChannel(fmt.Sprint("channel-", i)),
+			Pos:  Position{Epoch: realEpoch - uint32(i), Seq: realSeq + uint64(i), Time: realTime},
+		}
+	}
+	return entries
+}
+
+// BenchmarkCursorEncoder is the per-event id of a stream: a reused encoder,
+// one seq moving per event. It must not allocate.
+func BenchmarkCursorEncoder(b *testing.B) {
+	for _, n := range []int{1, 32} {
+		b.Run(fmt.Sprint(n, "ch"), func(b *testing.B) {
+			entries := benchEntries(n)
+			var enc CursorEncoder
+			enc.Encode(entries)
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				entries[i%n].Pos.Seq++
+				enc.Encode(entries)
+			}
+		})
+	}
+}
+
+// BenchmarkEncodeCursor is the id of a publish reply: a fresh string.
+func BenchmarkEncodeCursor(b *testing.B) {
+	for _, n := range []int{1, 32} {
+		b.Run(fmt.Sprint(n, "ch"), func(b *testing.B) {
+			entries := benchEntries(n)
+			b.ReportAllocs()
+			for b.Loop() {
+				_ = EncodeCursor(entries...)
+			}
+		})
+	}
+}
+
+// BenchmarkParseCursor is the Last-Event-ID of a reconnect.
+func BenchmarkParseCursor(b *testing.B) {
+	for _, n := range []int{1, 32} {
+		b.Run(fmt.Sprint(n, "ch"), func(b *testing.B) {
+			text := EncodeCursor(benchEntries(n)...)
+			b.ReportAllocs()
+			b.SetBytes(int64(len(text)))
+			for b.Loop() {
+				if _, ok := ParseCursor(text); !ok {
+					b.Fatal("cursor does not parse")
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkMemoryRead is a reconnect replaying a whole 1000-event history.
+func BenchmarkMemoryRead(b *testing.B) {
+	m := NewMemory()
+	frame := []byte("event: update\ndata: {\"price\": 42}\n")
+	var first *Event
+	for i := range 1001 {
+		ev := m.Append("a", frame, Limits{Count: 1001}, nil)
+		if i == 0 {
+			first = ev
+		}
+	}
+	after := first.Pos
+	b.ReportAllocs()
+	for b.Loop() {
+		page := m.Read("a", &after, 1000)
+		if len(page.Events) != 1000 || page.Truncated {
+			b.Fatalf("read %d events, truncated %v", len(page.Events), page.Truncated)
+		}
+	}
+}
+
+// BenchmarkMemoryAppend is the history's share of a publish.
+func BenchmarkMemoryAppend(b *testing.B) {
+	m := NewMemory()
+	frame := []byte("event: update\ndata: {\"price\": 42}\n")
+	lim := Limits{Count: 1000}
+	b.ReportAllocs()
+	for b.Loop() {
+		m.Append("a", frame, lim, nil)
+	}
+}

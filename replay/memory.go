@@ -1,0 +1,200 @@
+package replay
+
+import (
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// eventOverhead approximates what an event costs besides its frame (the
+// Event struct and its slot in the ring), so that MaxBytes bounds memory.
+const eventOverhead = 64
+
+// Memory is the in-memory event log: a ring buffer per channel, bounded by
+// count, age and bytes. It is safe for concurrent use.
+type Memory struct {
+	mu       sync.RWMutex
+	channels map[string]*ring
+	now      func() time.Time
+}
+
+// NewMemory returns an empty in-memory log.
+func NewMemory() *Memory {
+	return &Memory{channels: make(map[string]*ring), now: time.Now}
+}
+
+// ring is one channel's history: events[start:] are retained, oldest first.
+type ring struct {
+	mu     sync.Mutex
+	head   Position
+	events []*Event
+	start  int
+	bytes  int64
+	maxAge time.Duration
+}
+
+func (r *ring) Len() int        { return len(r.events) - r.start }
+func (r *ring) At(i int) *Event { return r.events[r.start+i] }
+func (r *ring) oldest() *Event  { return r.events[r.start] }
+func (r *ring) empty() bool     { return r.Len() == 0 }
+
+// Append adds an event with the given frame to channel's history and calls
+// then with it before any later Append on the same channel can run, so that
+// delivering in then keeps the channel's order. then may be nil.
+func (m *Memory) Append(channel string, frame []byte, lim Limits, then func(*Event)) *Event {
+	r := m.ringFor(channel)
+	now := m.now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ev := r.append(frame, lim, now)
+	if then != nil {
+		then(ev)
+	}
+	return ev
+}
+
+func (m *Memory) ringFor(channel string) *ring {
+	m.mu.RLock()
+	r := m.channels[channel]
+	m.mu.RUnlock()
+	if r != nil {
+		return r
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r = m.channels[channel]; r == nil {
+		r = &ring{}
+		m.channels[channel] = r
+	}
+	return r
+}
+
+func (r *ring) append(frame []byte, lim Limits, now time.Time) *Event {
+	if r.head.Epoch == 0 {
+		r.head.Epoch = newEpoch()
+	}
+	ms := now.UnixMilli()
+	if ms < r.head.Time {
+		ms = r.head.Time // the clock went back; keep time monotonic per channel
+	}
+	r.head = Position{Epoch: r.head.Epoch, Seq: r.head.Seq + 1, Time: ms}
+	ev := &Event{Pos: r.head, Frame: frame}
+	r.events = append(r.events, ev)
+	r.bytes += eventSize(ev)
+	r.maxAge = lim.MaxAge
+	r.trim(lim, now)
+	return ev
+}
+
+// trim drops the oldest events beyond the limits, and compacts the ring when
+// more than half of it is dropped slots.
+func (r *ring) trim(lim Limits, now time.Time) {
+	for !r.empty() && ((lim.Count > 0 && r.Len() > lim.Count) || (lim.MaxBytes > 0 && r.bytes > lim.MaxBytes)) {
+		r.dropOldest()
+	}
+	r.expire(now)
+	if r.start > 0 && r.start >= len(r.events)/2 {
+		n := copy(r.events, r.events[r.start:])
+		clear(r.events[n:])
+		r.events = r.events[:n]
+		r.start = 0
+	}
+}
+
+func (r *ring) expire(now time.Time) {
+	if r.maxAge <= 0 {
+		return
+	}
+	cutoff := now.Add(-r.maxAge).UnixMilli()
+	for !r.empty() && r.oldest().Pos.Time < cutoff {
+		r.dropOldest()
+	}
+}
+
+func (r *ring) dropOldest() {
+	r.bytes -= eventSize(r.oldest())
+	r.events[r.start] = nil
+	r.start++
+}
+
+func eventSize(ev *Event) int64 { return int64(len(ev.Frame)) + eventOverhead }
+
+// Read returns the events of channel after position after, at most limit,
+// following the replay rules of Select. With after nil it returns only the
+// channel's head: where a stream that starts live is.
+func (m *Memory) Read(channel string, after *Position, limit int) Page {
+	m.mu.RLock()
+	r := m.channels[channel]
+	m.mu.RUnlock()
+	if r == nil {
+		if after == nil {
+			return Page{}
+		}
+		return Select(emptyWindow{}, Position{}, *after, limit)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.expire(m.now())
+	if after == nil {
+		return Page{Head: r.head}
+	}
+	return Select(r, r.head, *after, limit)
+}
+
+// Sweep frees what has expired: old events of every channel, and channels
+// that have kept no event for longer than their max age. The hub calls it
+// periodically so that quiet channels do not hold memory.
+func (m *Memory) Sweep() {
+	now := m.now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for name, r := range m.channels {
+		r.mu.Lock()
+		r.expire(now)
+		r.trim(Limits{Count: r.Len()}, now) // compacts
+		if r.empty() && r.forgettable(now) {
+			delete(m.channels, name)
+		}
+		r.mu.Unlock()
+	}
+}
+
+// forgettable reports whether an empty channel's head can be dropped. It is
+// kept for one more max age after its last event, so that streams and
+// cursors of a quiet channel keep their epoch (a new epoch would tell them
+// their history was lost).
+func (r *ring) forgettable(now time.Time) bool {
+	keep := 2 * r.maxAge
+	if keep <= 0 {
+		keep = 48 * time.Hour
+	}
+	return now.UnixMilli()-r.head.Time > keep.Milliseconds()
+}
+
+// Stats returns how many channels and events the log holds and their bytes.
+func (m *Memory) Stats() (channels, events int, bytes int64) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	for _, r := range m.channels {
+		r.mu.Lock()
+		events += r.Len()
+		bytes += r.bytes
+		r.mu.Unlock()
+	}
+	return len(m.channels), events, bytes
+}
+
+type emptyWindow struct{}
+
+func (emptyWindow) Len() int      { return 0 }
+func (emptyWindow) At(int) *Event { return nil }
+
+// newEpoch returns a random non-zero epoch; zero is the position before a
+// channel's first event.
+func newEpoch() uint32 {
+	for {
+		if e := rand.Uint32(); e != 0 {
+			return e
+		}
+	}
+}

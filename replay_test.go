@@ -1,0 +1,241 @@
+package caddysse
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"sync"
+	"testing"
+)
+
+const replaySite = `
+:{PORT} {
+	sse /events {
+		channel {query.channels}
+		history 50
+		replay_limit 5
+		publish {
+			secret ` + testSecret + `
+		}
+	}
+}
+`
+
+// publishN publishes data "<prefix><i>" for i in [from, to] and returns
+// the id of each.
+func (s *testServer) publishN(channel, prefix string, from, to int) map[int]string {
+	ids := map[int]string{}
+	for i := from; i <= to; i++ {
+		ids[i] = s.publish("/events", map[string]any{"channel": channel, "data": prefix + strconv.Itoa(i)})[channel]
+	}
+	return ids
+}
+
+func TestReplayAfterLastEventID(t *testing.T) {
+	srv := startCaddy(t, replaySite)
+	ids := srv.publishN("a", "e", 1, 7)
+	c := srv.subscribe("/events?channels=a", header("Last-Event-ID", ids[4]))
+	if c.resp.Header.Get("X-Replay-Truncated") != "" {
+		t.Fatal("a replay within the limit is not truncated")
+	}
+	got := c.nextData(3)
+	if fmt.Sprint(got) != "[e5 e6 e7]" {
+		t.Fatalf("replay = %v, want [e5 e6 e7]", got)
+	}
+	srv.publish("/events", map[string]any{"channel": "a", "data": "live"})
+	if ev := c.next(); ev.Data != "live" {
+		t.Fatalf("after the replay got %+v, want the live event", ev)
+	}
+}
+
+func TestFreshStreamStartsLive(t *testing.T) {
+	srv := startCaddy(t, replaySite)
+	srv.publishN("a", "old", 1, 3)
+	c := srv.subscribe("/events?channels=a", nil)
+	srv.publish("/events", map[string]any{"channel": "a", "data": "new"})
+	if ev := c.next(); ev.Data != "new" {
+		t.Fatalf("a stream without cursor must start live, got %+v", ev)
+	}
+}
+
+func TestTruncatedReplayWhenMoreThanLimit(t *testing.T) {
+	srv := startCaddy(t, replaySite)
+	ids := srv.publishN("a", "e", 1, 12)
+	c := srv.subscribe("/events?channels=a", header("Last-Event-ID", ids[2]))
+	if c.resp.Header.Get("X-Replay-Truncated") != "true" {
+		t.Fatal("missing X-Replay-Truncated: true")
+	}
+	assertTruncatedEvent(t, c.next(), "a")
+	// the newest replay_limit events
+	if got := c.nextData(5); fmt.Sprint(got) != "[e8 e9 e10 e11 e12]" {
+		t.Fatalf("replay = %v", got)
+	}
+}
+
+func TestTruncatedReplayWhenHistoryDropped(t *testing.T) {
+	srv := startCaddy(t, replaySite)
+	first := srv.publishN("a", "e", 1, 1)
+	srv.publishN("a", "e", 2, 60) // history keeps 50: e1..e10 are gone
+	c := srv.subscribe("/events?channels=a", header("Last-Event-ID", first[1]))
+	if c.resp.Header.Get("X-Replay-Truncated") != "true" {
+		t.Fatal("missing X-Replay-Truncated: true")
+	}
+	assertTruncatedEvent(t, c.next(), "a")
+	if got := c.nextData(5); fmt.Sprint(got) != "[e56 e57 e58 e59 e60]" {
+		t.Fatalf("replay = %v", got)
+	}
+}
+
+func TestGarbageCursorIsLiveAndTruncated(t *testing.T) {
+	srv := startCaddy(t, replaySite)
+	srv.publishN("a", "old", 1, 3)
+	c := srv.subscribe("/events?channels=a", header("Last-Event-ID", "not-a-cursor,{}"))
+	if c.resp.Header.Get("X-Replay-Truncated") != "true" {
+		t.Fatal("a cursor that does not parse must be reported truncated")
+	}
+	assertTruncatedEvent(t, c.next(), "a")
+	srv.publish("/events", map[string]any{"channel": "a", "data": "new"})
+	if ev := c.next(); ev.Data != "new" {
+		t.Fatalf("got %+v, want the live event (no replay)", ev)
+	}
+}
+
+func TestHeaderLastEventIDBeatsQuery(t *testing.T) {
+	srv := startCaddy(t, replaySite)
+	ids := srv.publishN("a", "e", 1, 5)
+	c := srv.subscribe("/events?channels=a&lastEventID="+ids[1], header("Last-Event-ID", ids[3]))
+	if got := c.nextData(2); fmt.Sprint(got) != "[e4 e5]" {
+		t.Fatalf("replay = %v, want [e4 e5] (from the header's id)", got)
+	}
+	// without the header, the query parameter is used
+	q := srv.subscribe("/events?channels=a&lastEventID="+ids[2], nil)
+	if got := q.nextData(3); fmt.Sprint(got) != "[e3 e4 e5]" {
+		t.Fatalf("replay = %v, want [e3 e4 e5] (from the query)", got)
+	}
+}
+
+func TestMultiChannelCursorResumesBoth(t *testing.T) {
+	srv := startCaddy(t, replaySite)
+	c := srv.subscribe("/events?channels=a,b", nil)
+	srv.publish("/events", map[string]any{"channel": "a", "data": "a1"})
+	srv.publish("/events", map[string]any{"channel": "b", "data": "b1"})
+	c.nextData(2)
+	srv.publish("/events", map[string]any{"channel": "a", "data": "a2"})
+	ev := c.next()
+	if ev.Data != "a2" {
+		t.Fatalf("got %+v", ev)
+	}
+	c.close()
+	if len(ev.ID) > 2*40*4/3+4 {
+		t.Errorf("a two-channel cursor of %d bytes is longer than ~40 bytes per channel", len(ev.ID))
+	}
+	srv.publish("/events", map[string]any{"channel": "b", "data": "b2"})
+	srv.publish("/events", map[string]any{"channel": "a", "data": "a3"})
+	r := srv.subscribe("/events?channels=a,b", header("Last-Event-ID", ev.ID))
+	if r.resp.Header.Get("X-Replay-Truncated") != "" {
+		t.Fatal("not truncated")
+	}
+	// merged by publish time; these two may share a millisecond, and then
+	// their order across channels is not defined
+	if got := r.nextData(2); fmt.Sprint(got) != "[b2 a3]" && fmt.Sprint(got) != "[a3 b2]" {
+		t.Fatalf("replay = %v, want b2 and a3", got)
+	}
+}
+
+// A channel the client saw empty is replayed from its first event: the
+// cursor of a two-channel stream names b at "before the first event".
+func TestChannelSeenEmptyReplaysFromItsStart(t *testing.T) {
+	srv := startCaddy(t, replaySite)
+	c := srv.subscribe("/events?channels=a,b", nil)
+	srv.publish("/events", map[string]any{"channel": "a", "data": "a1"})
+	ev := c.next()
+	c.close()
+	srv.publish("/events", map[string]any{"channel": "b", "data": "b1"})
+	r := srv.subscribe("/events?channels=a,b", header("Last-Event-ID", ev.ID))
+	if got := r.next(); got.Data != "b1" {
+		t.Fatalf("got %+v, want b1", got)
+	}
+}
+
+func TestPublishIDResumesAnyStreamWithThatChannel(t *testing.T) {
+	srv := startCaddy(t, replaySite)
+	ids := srv.publishN("a", "e", 1, 3)
+	// the snapshot id of channel a, on a stream of a and b: a resumes, b is live
+	c := srv.subscribe("/events?channels=a,b", header("Last-Event-ID", ids[2]))
+	if got := c.next(); got.Data != "e3" {
+		t.Fatalf("got %+v", got)
+	}
+	srv.publish("/events", map[string]any{"channel": "b", "data": "b-live"})
+	if got := c.next(); got.Data != "b-live" {
+		t.Fatalf("got %+v", got)
+	}
+}
+
+// Hundreds of events are published concurrently while a client replays
+// from an old id: it must see every event after its id exactly once, in
+// the channel's order, and then continue live.
+func TestReplayDuringConcurrentPublishingHasNoGapNorDuplicate(t *testing.T) {
+	srv := startCaddy(t, `
+:{PORT} {
+	sse /events {
+		channel {query.channels}
+		history 5000
+		replay_limit 5000
+		publish {
+			secret `+testSecret+`
+		}
+	}
+}
+`)
+	ids := srv.publishN("a", "pre", 1, 300)
+	from := seqOf(t, ids[100]).Seq
+
+	const publishers, each = 6, 100
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for p := range publishers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for i := range each {
+				status, body := srv.post("/events", "application/json", mustJSON(t, map[string]any{"channel": "a", "data": fmt.Sprintf("p%d-%d", p, i)}), nil)
+				if status != http.StatusOK {
+					t.Errorf("publish: %d %s", status, body)
+					return
+				}
+			}
+		}()
+	}
+	close(start)
+	c := srv.subscribe("/events?channels=a", header("Last-Event-ID", ids[100]))
+	wg.Wait()
+	srv.publish("/events", map[string]any{"channel": "a", "data": "sentinel"})
+
+	total := 300 + publishers*each + 1
+	expected := from + 1
+	for expected <= uint64(total) {
+		ev := c.next()
+		if got := seqOf(t, ev.ID).Seq; got != expected {
+			t.Fatalf("event %q has seq %d, want %d (gap or duplicate)", ev.Data, got, expected)
+		}
+		expected++
+	}
+}
+
+func assertTruncatedEvent(t *testing.T, ev sseEvent, channels ...string) {
+	t.Helper()
+	if ev.Type != "sse_truncated" {
+		t.Fatalf("first event is %+v, want sse_truncated", ev)
+	}
+	var body struct {
+		Channels []string `json:"channels"`
+	}
+	if err := json.Unmarshal([]byte(ev.Data), &body); err != nil || fmt.Sprint(body.Channels) != fmt.Sprint(channels) {
+		t.Fatalf("sse_truncated data %q, want channels %v", ev.Data, channels)
+	}
+	if ev.ID != "" {
+		t.Fatalf("sse_truncated must not carry an id, got %q", ev.ID)
+	}
+}

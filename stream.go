@@ -1,0 +1,256 @@
+package caddysse
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddy-sse/caddy-sse/pubsub"
+	"github.com/caddy-sse/caddy-sse/replay"
+	"github.com/caddy-sse/caddy-sse/wire"
+)
+
+// errHistoryGap ends a stream whose missed events are no longer all in the
+// history: its client reconnects with its Last-Event-ID and is told that its
+// replay was truncated, instead of silently missing events.
+var errHistoryGap = errors.New("missed events are no longer in the history")
+
+// queued is an event waiting to be written, with the slot of its channel.
+type queued struct {
+	ev   *replay.Event
+	slot int
+}
+
+// closeNotice tells a stream to end with a server_closing event.
+type closeNotice struct {
+	reason string
+	retry  time.Duration
+}
+
+// stream is one open SSE connection: the channels it reads, the position it
+// has written for each, and the bounded queue of live events waiting to be
+// written. The hub's fan-out (any goroutine) fills the queue through
+// Deliver; the connection's own goroutine drains it and writes.
+type stream struct {
+	h      *Handler
+	hub    *pubsub.Hub
+	names  []string // channels as the client names them
+	keys   []string // channels as the hub names them (namespaced)
+	cursor []replay.ChannelPosition
+	ids    replay.CursorEncoder
+	buf    []byte
+	out    streamWriter
+
+	mu        sync.Mutex
+	pending   []queued
+	spare     []queued
+	queuedLen int64
+	overflow  bool
+
+	wake      chan struct{}
+	lastWrite atomic.Int64 // Unix nanoseconds of the last flush
+	beatDue   atomic.Bool
+	closing   atomic.Pointer[closeNotice]
+
+	eventsSent int64
+}
+
+func newStream(h *Handler, names []string) *stream {
+	s := &stream{
+		h:      h,
+		hub:    h.hub,
+		names:  names,
+		keys:   make([]string, len(names)),
+		cursor: make([]replay.ChannelPosition, len(names)),
+		wake:   make(chan struct{}, 1),
+	}
+	for i, name := range names {
+		s.keys[i] = h.channelKey(name)
+		s.cursor[i].Hash = replay.HashChannel(s.keys[i])
+	}
+	return s
+}
+
+// Deliver queues a live event; it never blocks. When the queue is full the
+// stream stops taking live events and will catch up from the history.
+func (s *stream) Deliver(slot int, ev *replay.Event) {
+	size := int64(len(ev.Frame))
+	s.mu.Lock()
+	switch {
+	case s.overflow:
+	case len(s.pending) >= s.h.Queue || s.queuedLen+size > s.h.QueueBytes:
+		s.overflow = true
+	default:
+		s.pending = append(s.pending, queued{ev: ev, slot: slot})
+		s.queuedLen += size
+	}
+	s.mu.Unlock()
+	s.poke()
+}
+
+// poke wakes the stream's goroutine if it is not awake already.
+func (s *stream) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// close asks the stream to end with a server_closing event.
+func (s *stream) close(n *closeNotice) {
+	s.closing.CompareAndSwap(nil, n)
+	s.poke()
+}
+
+// take swaps the queue out, so that Deliver fills the spare while the
+// stream writes; both slices are reused, so steady state allocates nothing.
+func (s *stream) take() ([]queued, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	batch := s.pending
+	s.pending = s.spare[:0]
+	s.spare = batch
+	s.queuedLen = 0
+	return batch, s.overflow
+}
+
+// resumeLive makes the stream take live events again after an overflow.
+// Called before reading the history, so that events published meanwhile are
+// either in what is read or in the queue (or both: duplicates are skipped).
+func (s *stream) resumeLive() {
+	s.mu.Lock()
+	s.overflow = false
+	s.mu.Unlock()
+}
+
+// run writes events until the client leaves, the stream is closed, or a
+// write fails.
+func (s *stream) run(ctx context.Context) error {
+	for {
+		select {
+		case <-s.wake:
+		case <-ctx.Done():
+			return nil
+		}
+		if n := s.closing.Load(); n != nil {
+			return s.writeClosing(n)
+		}
+		if err := s.drain(ctx); err != nil {
+			return err
+		}
+	}
+}
+
+// drain writes what is queued (catching up from the history after an
+// overflow), or a heartbeat if the stream is due one, and flushes once.
+func (s *stream) drain(ctx context.Context) error {
+	batch, overflowed := s.take()
+	wrote := false
+	for i := range batch {
+		n, err := s.writeLive(ctx, batch[i])
+		if err != nil {
+			return err
+		}
+		wrote = wrote || n
+		batch[i] = queued{} // let the GC have events we no longer hold
+	}
+	if overflowed {
+		s.resumeLive()
+		for slot := range s.keys {
+			n, err := s.repair(ctx, slot)
+			if err != nil {
+				return err
+			}
+			wrote = wrote || n
+		}
+	}
+	if !wrote {
+		if !s.beatDue.Load() {
+			return nil
+		}
+		s.buf = wire.AppendComment(s.buf[:0], "heartbeat")
+		if err := s.out.Write(s.buf); err != nil {
+			return err
+		}
+	}
+	return s.flush()
+}
+
+func (s *stream) flush() error {
+	if err := s.out.Flush(); err != nil {
+		return err
+	}
+	s.beatDue.Store(false)
+	s.lastWrite.Store(time.Now().UnixNano())
+	return nil
+}
+
+// writeLive writes a live event unless the stream has written it already
+// (it was in the replay); a gap before it is filled from the history first.
+func (s *stream) writeLive(ctx context.Context, q queued) (bool, error) {
+	at := s.cursor[q.slot].Pos
+	if at.Covers(q.ev.Pos) {
+		return false, nil
+	}
+	if at.Follows(q.ev.Pos) {
+		return true, s.writeEvent(q.slot, q.ev)
+	}
+	wrote, err := s.repair(ctx, q.slot)
+	if err != nil {
+		return false, err
+	}
+	at = s.cursor[q.slot].Pos
+	switch {
+	case at.Covers(q.ev.Pos):
+		return wrote, nil
+	case at.Follows(q.ev.Pos):
+		return true, s.writeEvent(q.slot, q.ev)
+	default:
+		return wrote, errHistoryGap
+	}
+}
+
+// repair writes the events of a channel's history that follow the stream's
+// position. If the history no longer follows on from it, the stream ends.
+func (s *stream) repair(ctx context.Context, slot int) (bool, error) {
+	at := s.cursor[slot].Pos
+	page, err := s.hub.Read(ctx, s.keys[slot], &at, s.h.HistorySize)
+	if err != nil {
+		return false, err
+	}
+	if page.Truncated {
+		return false, errHistoryGap
+	}
+	for _, ev := range page.Events {
+		if err := s.writeEvent(slot, ev); err != nil {
+			return true, err
+		}
+	}
+	return len(page.Events) > 0, nil
+}
+
+// writeEvent writes an event's shared frame and this stream's id line,
+// which is the stream's cursor after the event.
+func (s *stream) writeEvent(slot int, ev *replay.Event) error {
+	s.cursor[slot].Pos = ev.Pos
+	s.buf = wire.AppendID(s.buf[:0], s.ids.Encode(s.cursor))
+	if err := s.out.Write(ev.Frame); err != nil {
+		return err
+	}
+	s.eventsSent++
+	return s.out.Write(s.buf)
+}
+
+// writeClosing tells the client that the server is closing (reload or
+// shutdown) and when to reconnect, then ends the stream.
+func (s *stream) writeClosing(n *closeNotice) error {
+	s.buf = wire.AppendRetry(s.buf[:0], n.retry.Milliseconds())
+	s.buf = wire.AppendEvent(s.buf, wire.TypeServerClosing, []byte(`{"reason":"`+n.reason+`"}`))
+	s.buf = wire.AppendEnd(s.buf)
+	if err := s.out.Write(s.buf); err != nil {
+		return err
+	}
+	return s.out.Flush()
+}

@@ -1,0 +1,183 @@
+package caddysse
+
+import (
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+)
+
+const basicSite = `
+:{PORT} {
+	sse /events {
+		channel {query.channels}
+		publish {
+			secret ` + testSecret + `
+		}
+	}
+}
+`
+
+func TestStreamHeadersAndPreamble(t *testing.T) {
+	srv := startCaddy(t, basicSite)
+	c := srv.subscribe("/events?channels=a", nil)
+	h := c.resp.Header
+	for k, want := range map[string]string{
+		"Content-Type":      "text/event-stream",
+		"Cache-Control":     "no-store, no-transform",
+		"X-Accel-Buffering": "no",
+	} {
+		if got := h.Get(k); got != want {
+			t.Errorf("%s = %q, want %q", k, got, want)
+		}
+	}
+	if h.Get("X-Replay-Truncated") != "" {
+		t.Error("a fresh stream must not be marked truncated")
+	}
+	c.comment("ok")
+	srv.publish("/events", map[string]any{"channel": "a", "data": "x"})
+	if ev := c.next(); ev.Retry != 3000 {
+		t.Errorf("retry = %d, want the default 3000", ev.Retry)
+	}
+}
+
+func TestPublishJSONReachesSubscriber(t *testing.T) {
+	srv := startCaddy(t, basicSite)
+	c := srv.subscribe("/events?channels=orders", nil)
+	ids := srv.publish("/events", map[string]any{"channel": "orders", "event": "created", "data": "order 1"})
+	ev := c.next()
+	if ev.Type != "created" || ev.Data != "order 1" {
+		t.Fatalf("got %+v", ev)
+	}
+	// a publish's id is the id a one-channel subscriber sees
+	if ev.ID != ids["orders"] {
+		t.Errorf("stream id %q != publish id %q", ev.ID, ids["orders"])
+	}
+	// non-string data is sent as compact JSON text
+	srv.publish("/events", map[string]any{"channel": "orders", "data": map[string]any{"id": 7, "ok": true}})
+	if ev := c.next(); ev.Data != `{"id":7,"ok":true}` || ev.Type != "message" {
+		t.Fatalf("got %+v", ev)
+	}
+}
+
+func TestPublishFormReachesSubscriber(t *testing.T) {
+	srv := startCaddy(t, basicSite)
+	c := srv.subscribe("/events?channels=a,b", nil)
+	status, body := srv.postForm("/events", url.Values{"channel": {"a", "b"}, "event": {"greet"}, "data": {"hello"}})
+	if status != http.StatusOK || !strings.Contains(string(body), `"a":`) || !strings.Contains(string(body), `"b":`) {
+		t.Fatalf("publish: %d %s", status, body)
+	}
+	for range 2 { // once per channel
+		if ev := c.next(); ev.Type != "greet" || ev.Data != "hello" {
+			t.Fatalf("got %+v", ev)
+		}
+	}
+}
+
+func TestMultipartFormPublish(t *testing.T) {
+	srv := startCaddy(t, basicSite)
+	c := srv.subscribe("/events?channels=a", nil)
+	body := "--XX\r\nContent-Disposition: form-data; name=\"channel\"\r\n\r\na\r\n" +
+		"--XX\r\nContent-Disposition: form-data; name=\"data\"\r\n\r\nmulti\r\n--XX--\r\n"
+	status, reply := srv.post("/events", "multipart/form-data; boundary=XX", []byte(body), nil)
+	if status != http.StatusOK {
+		t.Fatalf("publish: %d %s", status, reply)
+	}
+	if ev := c.next(); ev.Data != "multi" {
+		t.Fatalf("got %+v", ev)
+	}
+}
+
+func TestDataLineBreaksAndEventTypes(t *testing.T) {
+	srv := startCaddy(t, basicSite)
+	c := srv.subscribe("/events?channels=a", nil)
+	cases := []struct{ typ, data, want string }{
+		{"", "one\ntwo", "one\ntwo"},
+		{"t1", "one\r\ntwo", "one\ntwo"},
+		{"t2", "one\rtwo", "one\ntwo"},
+		{"t3", "a\rid: 9\revent: evil\n\nretry: 1", "a\nid: 9\nevent: evil\n\nretry: 1"},
+		{"", "", ""},
+		{"x", "  leading spaces", "  leading spaces"},
+		{"ünïcode", "日本語", "日本語"},
+	}
+	for _, tc := range cases {
+		srv.publish("/events", map[string]any{"channel": "a", "event": tc.typ, "data": tc.data})
+	}
+	for _, tc := range cases {
+		ev := c.next()
+		wantType := tc.typ
+		if wantType == "" {
+			wantType = "message"
+		}
+		if ev.Type != wantType || ev.Data != tc.want {
+			t.Errorf("published %q/%q: got type %q data %q, want %q", tc.typ, tc.data, ev.Type, ev.Data, tc.want)
+		}
+	}
+}
+
+func TestSitesShareTheEmbeddedHub(t *testing.T) {
+	srv := startCaddy(t, `
+:{PORT} {
+	sse /publish {
+		publish {
+			secret `+testSecret+`
+		}
+	}
+}
+:{PORT2} {
+	sse /a/events {
+		channel news
+	}
+	sse /b/events {
+		channel news
+	}
+}
+`)
+	a := openStream(t, srv.base2+"/a/events", nil, nil)
+	b := openStream(t, srv.base2+"/b/events", nil, nil)
+	srv.publish("/publish", map[string]any{"channel": "news", "data": "everywhere"})
+	for _, c := range []*sseClient{a, b} {
+		if ev := c.next(); ev.Data != "everywhere" {
+			t.Fatalf("got %+v", ev)
+		}
+	}
+}
+
+func TestNamespacesKeepChannelsApart(t *testing.T) {
+	srv := startCaddy(t, `
+:{PORT} {
+	sse /x/events {
+		namespace x
+		channel {query.channels}
+		publish {
+			secret `+testSecret+`
+		}
+	}
+	sse /y/events {
+		namespace y
+		channel {query.channels}
+		publish {
+			secret `+testSecret+`
+		}
+	}
+	sse /all/events {
+		channel {query.channels}
+	}
+}
+`)
+	x := srv.subscribe("/x/events?channels=a", nil)
+	y := srv.subscribe("/y/events?channels=a", nil)
+	all := srv.subscribe("/all/events?channels=x:a", nil)
+	srv.publish("/x/events", map[string]any{"channel": "a", "data": "for x"})
+	srv.publish("/y/events", map[string]any{"channel": "a", "data": "for y"})
+	if ev := x.next(); ev.Data != "for x" {
+		t.Fatalf("x got %+v", ev)
+	}
+	if ev := y.next(); ev.Data != "for y" {
+		t.Fatalf("y got %+v (x's event leaked into y)", ev)
+	}
+	// a handler without namespace sees namespaced channels by full name
+	if ev := all.next(); ev.Data != "for x" {
+		t.Fatalf("all got %+v", ev)
+	}
+}

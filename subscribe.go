@@ -1,0 +1,180 @@
+package caddysse
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/caddy-sse/caddy-sse/replay"
+	"github.com/caddy-sse/caddy-sse/wire"
+)
+
+// subscribe serves a GET or HEAD: checks the request (SPEC S2), replays
+// what the client's cursor missed (S5) and streams live events until the
+// client leaves or the server closes.
+func (h *Handler) subscribe(w http.ResponseWriter, r *http.Request) error {
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	names, rej := h.resolveChannels(repl)
+	if rej != nil {
+		return h.reject(w, r, rej, 0)
+	}
+	repl.Set("http.sse.channels", strings.Join(names, ","))
+
+	s := newStream(h, names)
+	if r.Method == http.MethodGet {
+		sub := h.hub.Subscribe(s, s.keys)
+		defer sub.Close()
+	}
+	start, err := s.startingPoint(r.Context(), lastEventID(r))
+	if err != nil {
+		return h.reject(w, r, &rejection{status: http.StatusServiceUnavailable, code: "history_unavailable", detail: err.Error()}, time.Second)
+	}
+	s.writeHeaders(w, start.truncated)
+	if r.Method == http.MethodHead {
+		return nil
+	}
+	s.out = newHTTPStreamWriter(w, r, time.Duration(h.SlowClientTimeout))
+	h.streams.add(s)
+	defer h.streams.remove(s)
+
+	began := time.Now()
+	err = s.open(r.Context(), start)
+	if err == nil {
+		err = s.run(r.Context())
+	}
+	h.logger.Debug("stream ended",
+		zap.Strings("channels", names),
+		zap.String("remote", r.RemoteAddr),
+		zap.Duration("duration", time.Since(began)),
+		zap.Int64("events_sent", s.eventsSent),
+		zap.NamedError("reason", err))
+	return nil // the response has begun: an error here could not be sent
+}
+
+// lastEventID returns the client's cursor text: the Last-Event-ID header
+// wins over the lastEventID query parameter, because EventSource resends
+// its original URL on every reconnect but a fresh header.
+func lastEventID(r *http.Request) string {
+	if id := r.Header.Get("Last-Event-ID"); id != "" {
+		return id
+	}
+	return r.URL.Query().Get("lastEventID")
+}
+
+// startingPoint is what a stream writes before going live: per channel the
+// history page to replay, and which channels were truncated.
+type startingPoint struct {
+	pages     []replay.Page
+	truncated []string
+}
+
+// startingPoint reads, for every channel, the events after the client's
+// cursor (or only the head, for a channel the cursor does not name). It
+// also sets each channel's position to where the client is: a reconnect
+// in the middle of the replay resumes from there.
+func (s *stream) startingPoint(ctx context.Context, idText string) (startingPoint, error) {
+	var cursor []replay.ChannelPosition
+	garbage := false
+	if idText != "" {
+		var ok bool
+		cursor, ok = replay.ParseCursor(idText)
+		garbage = !ok
+	}
+	sp := startingPoint{pages: make([]replay.Page, len(s.keys))}
+	for slot, key := range s.keys {
+		after, named := replay.Lookup(cursor, s.cursor[slot].Hash)
+		var from *replay.Position
+		if named {
+			from = &after
+		}
+		page, err := s.hub.Read(ctx, key, from, s.h.ReplayLimit)
+		if err != nil {
+			return sp, err
+		}
+		sp.pages[slot] = page
+		if named {
+			s.cursor[slot].Pos = after
+		} else {
+			s.cursor[slot].Pos = page.Head
+		}
+		if page.Truncated || garbage {
+			sp.truncated = append(sp.truncated, s.names[slot])
+		}
+	}
+	return sp, nil
+}
+
+// writeHeaders sends the stream's headers (SPEC S2). no-transform keeps
+// Caddy's encode (and other proxies) from compressing and buffering it.
+func (s *stream) writeHeaders(w http.ResponseWriter, truncated []string) {
+	hdr := w.Header()
+	hdr.Set("Content-Type", "text/event-stream")
+	hdr.Set("Cache-Control", "no-store, no-transform")
+	hdr.Set("X-Accel-Buffering", "no")
+	hdr.Del("Content-Length")
+	if len(truncated) > 0 {
+		hdr.Set("X-Replay-Truncated", "true")
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+// open writes the stream's preamble (a comment and the retry hint), flushes
+// the headers with it, then the truncation notice and the replay.
+func (s *stream) open(ctx context.Context, sp startingPoint) error {
+	s.buf = wire.AppendComment(s.buf[:0], "ok")
+	s.buf = wire.AppendRetry(s.buf, time.Duration(s.h.Retry).Milliseconds())
+	s.buf = wire.AppendEnd(s.buf)
+	if err := s.out.Write(s.buf); err != nil {
+		return err
+	}
+	if err := s.flush(); err != nil {
+		return err
+	}
+	if s.closing.Load() != nil {
+		return nil // closing already: run tells the client at once
+	}
+	if len(sp.truncated) > 0 {
+		data, _ := json.Marshal(map[string][]string{"channels": sp.truncated})
+		s.buf = wire.AppendEnd(wire.AppendEvent(s.buf[:0], wire.TypeTruncated, data))
+		if err := s.out.Write(s.buf); err != nil {
+			return err
+		}
+	}
+	if err := s.writeReplay(sp.pages); err != nil {
+		return err
+	}
+	for slot, page := range sp.pages {
+		// a channel truncated with nothing left to replay continues from
+		// its head, so that its next live event follows without a gap
+		if page.Truncated && len(page.Events) == 0 {
+			s.cursor[slot].Pos = page.Head
+		}
+	}
+	return s.flush()
+}
+
+// writeReplay writes the pages merged by publish time across channels (best
+// effort: there is no global order); within a channel the order is strict.
+func (s *stream) writeReplay(pages []replay.Page) error {
+	var all []queued
+	for slot, page := range pages {
+		for _, ev := range page.Events {
+			all = append(all, queued{ev: ev, slot: slot})
+		}
+	}
+	if len(pages) > 1 {
+		sort.SliceStable(all, func(i, j int) bool { return all[i].ev.Pos.Time < all[j].ev.Pos.Time })
+	}
+	for _, q := range all {
+		if err := s.writeEvent(q.slot, q.ev); err != nil {
+			return err
+		}
+	}
+	return nil
+}
