@@ -157,11 +157,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.provisionSecret(); err != nil {
 		return err
 	}
-	h.limits = replay.Limits{
-		Count:    h.HistorySize,
-		MaxAge:   time.Duration(h.HistoryMaxAge),
-		MaxBytes: h.HistoryBytes,
-	}
+	h.limits = h.hubLimits()
 	hub, key, err := acquireHub()
 	if err != nil {
 		return err
@@ -169,6 +165,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.hub, h.hubKey = hub, key
 	h.streams = newRegistry(h.logger, h.heartbeat(), h.closeJitter())
 	return h.closeStreamsWhenStopping(ctx)
+}
+
+// hubLimits are the history bounds this handler publishes with.
+func (h *Handler) hubLimits() replay.Limits {
+	return replay.Limits{
+		Count:    h.HistorySize,
+		MaxAge:   time.Duration(h.HistoryMaxAge),
+		MaxBytes: h.HistoryBytes,
+	}
 }
 
 func (h *Handler) applyDefaults() {

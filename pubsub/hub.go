@@ -113,13 +113,16 @@ func (h *Hub) Subscribe(sub Subscriber, channels []string) *Subscription {
 
 // Close ends the subscription; it is safe to call more than once.
 func (s *Subscription) Close() {
-	if s == nil || s.done {
+	if s == nil {
 		return
 	}
-	s.done = true
 	h := s.hub
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if s.done {
+		return
+	}
+	s.done = true
 	for _, m := range s.members {
 		ms := m.of
 		ms.mu.Lock()

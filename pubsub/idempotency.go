@@ -54,20 +54,38 @@ func (o *Idempotency) Do(ctx context.Context, key, fingerprint string, publish f
 			return nil, false, ErrKeyReused
 		}
 		if first {
-			reply, err = publish()
-			o.settle(e, reply, err)
-			return reply, false, err
+			return o.run(e, publish)
 		}
 		select {
 		case <-e.done:
 		case <-ctx.Done():
-			return nil, false, ctx.Err()
+			select {
+			case <-e.done: // settled as well: the reply beats the cancellation
+			default:
+				return nil, false, ctx.Err()
+			}
 		}
 		if !e.failed {
 			return e.reply, true, nil
 		}
 		// the first attempt failed and was forgotten: try again
 	}
+}
+
+// run publishes for the entry it claimed and settles it even if publish
+// panics (Caddy recovers handler panics), so that retries are not left
+// waiting on an entry that never settles.
+func (o *Idempotency) run(e *onceEntry, publish func() ([]byte, error)) (reply []byte, replayed bool, err error) {
+	settled := false
+	defer func() {
+		if !settled {
+			o.settle(e, nil, errors.New("publish panicked"))
+		}
+	}()
+	reply, err = publish()
+	o.settle(e, reply, err)
+	settled = true
+	return reply, false, err
 }
 
 func (o *Idempotency) claim(key, fingerprint string) (*onceEntry, bool) {

@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"hash/crc32"
+	"strings"
 )
 
 // A cursor is what a client sends back as Last-Event-ID: the position of
@@ -78,7 +79,8 @@ func appendRawCursor(dst []byte, entries []ChannelPosition) []byte {
 // not a cursor this package wrote (wrong alphabet, version or check byte,
 // truncated or trailing bytes, out-of-range values); it never panics.
 func ParseCursor(text string) ([]ChannelPosition, bool) {
-	if len(text) == 0 || len(text) > MaxCursorLen {
+	// base64 decoding skips CR and LF; a cursor never holds them
+	if len(text) == 0 || len(text) > MaxCursorLen || strings.ContainsAny(text, "\r\n") {
 		return nil, false
 	}
 	raw, err := base64.RawURLEncoding.DecodeString(text)

@@ -31,6 +31,7 @@ type ring struct {
 	start  int
 	bytes  int64
 	maxAge time.Duration
+	dead   bool // dropped by Sweep; see lockedRing
 }
 
 func (r *ring) Len() int        { return len(r.events) - r.start }
@@ -42,15 +43,27 @@ func (r *ring) empty() bool     { return r.Len() == 0 }
 // then with it before any later Append on the same channel can run, so that
 // delivering in then keeps the channel's order. then may be nil.
 func (m *Memory) Append(channel string, frame []byte, lim Limits, then func(*Event)) *Event {
-	r := m.ringFor(channel)
-	now := m.now()
-	r.mu.Lock()
+	r := m.lockedRing(channel)
 	defer r.mu.Unlock()
-	ev := r.append(frame, lim, now)
+	ev := r.append(frame, lim, m.now())
 	if then != nil {
 		then(ev)
 	}
 	return ev
+}
+
+// lockedRing returns the channel's ring, locked. A ring that Sweep dropped
+// between the lookup and the lock is dead: look again, so that the event is
+// not appended to a ring nothing points to.
+func (m *Memory) lockedRing(channel string) *ring {
+	for {
+		r := m.ringFor(channel)
+		r.mu.Lock()
+		if !r.dead {
+			return r
+		}
+		r.mu.Unlock()
+	}
 }
 
 func (m *Memory) ringFor(channel string) *ring {
@@ -153,6 +166,7 @@ func (m *Memory) Sweep() {
 		r.expire(now)
 		r.trim(Limits{Count: r.Len()}, now) // compacts
 		if r.empty() && r.forgettable(now) {
+			r.dead = true
 			delete(m.channels, name)
 		}
 		r.mu.Unlock()
