@@ -32,6 +32,12 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		queue <n>                       # default 500 events
 //		queue_bytes <size>              # default 1MiB
 //		slow_client_timeout <duration>  # default 30s
+//		principal <template>            # e.g. {http.auth.user.id}
+//		max_connections <n>             # per instance; default no cap
+//		max_connections_per_principal <n>  # default no cap
+//		lease_ttl <duration>            # default 15s (shared backends only)
+//		rejections status|in_stream     # default status
+//		throttle <duration>|off         # default 60s
 //		publish {
 //			secret <token>              # e.g. {env.SSE_PUBLISH_SECRET}
 //		}
@@ -88,6 +94,18 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, name string) err
 		return oneSize(d, &h.QueueBytes)
 	case "slow_client_timeout":
 		return oneDuration(d, &h.SlowClientTimeout)
+	case "principal":
+		return oneString(d, &h.Principal)
+	case "max_connections":
+		return oneInt(d, &h.MaxConnections)
+	case "max_connections_per_principal":
+		return oneInt(d, &h.MaxConnectionsPerPrincipal)
+	case "lease_ttl":
+		return oneDuration(d, &h.LeaseTTL)
+	case "rejections":
+		return h.unmarshalRejections(d)
+	case "throttle":
+		return durationOrOff(d, &h.Throttle)
 	case "publish":
 		return h.unmarshalPublish(d)
 	default:
@@ -111,6 +129,16 @@ func (h *Handler) unmarshalHistory(d *caddyfile.Dispenser) error {
 			return d.Errf("history: max age must be a positive duration, got %q", args[1])
 		}
 		h.HistoryMaxAge = caddy.Duration(age)
+	}
+	return nil
+}
+
+func (h *Handler) unmarshalRejections(d *caddyfile.Dispenser) error {
+	if err := oneString(d, &h.Rejections); err != nil {
+		return err
+	}
+	if h.Rejections != rejectionsStatus && h.Rejections != rejectionsInStream {
+		return d.Errf("rejections: must be %s or %s, got %q", rejectionsStatus, rejectionsInStream, h.Rejections)
 	}
 	return nil
 }

@@ -67,6 +67,17 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"publish without secret", "sse {\n\tpublish {\n\t}\n}", "secret is required"},
 		{"unknown publish subdirective", "sse {\n\tpublish {\n\t\tsecret x\n\t\ttoken y\n\t}\n}", `unrecognized publish subdirective "token"`},
 		{"publish argument", "sse {\n\tpublish x {\n\t\tsecret x\n\t}\n}", "wrong argument count"},
+		{"principal without template", "sse {\n\tprincipal\n}", "wrong argument count"},
+		{"two principal templates", "sse {\n\tprincipal a b\n}", "wrong argument count"},
+		{"duplicate principal", "sse {\n\tprincipal a\n\tprincipal b\n}", "more than once"},
+		{"zero max_connections", "sse {\n\tmax_connections 0\n}", "positive integer"},
+		{"bad max_connections_per_principal", "sse {\n\tmax_connections_per_principal two\n}", "positive integer"},
+		{"bad lease_ttl", "sse {\n\tlease_ttl forever\n}", "positive duration"},
+		{"lease_ttl off", "sse {\n\tlease_ttl off\n}", "positive duration"},
+		{"unknown rejections mode", "sse {\n\trejections silent\n}", "must be status or in_stream"},
+		{"rejections without mode", "sse {\n\trejections\n}", "wrong argument count"},
+		{"bad throttle", "sse {\n\tthrottle 0s\n}", "positive duration"},
+		{"throttle too many args", "sse {\n\tthrottle 1m 2m\n}", "wrong argument count"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

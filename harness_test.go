@@ -51,13 +51,18 @@ func freePort(t testing.TB) int {
 }
 
 // globalOptions keep tests from touching the admin port, the user's config
-// directory and the terminal (set SSE_TEST_LOG=1 to see Caddy's logs).
+// directory and the terminal (set SSE_TEST_LOG=1 to see Caddy's logs). A
+// test that needs the admin endpoint passes its own "admin <address>".
 func globalOptions(extra string) string {
 	logs := "log default {\n\t\toutput discard\n\t}"
 	if os.Getenv("SSE_TEST_LOG") != "" {
 		logs = "log default {\n\t\tlevel DEBUG\n\t}"
 	}
-	return fmt.Sprintf("{\n\tadmin off\n\tpersist_config off\n\tauto_https off\n\t%s\n\t%s\n}\n", logs, extra)
+	admin := "admin off"
+	if strings.HasPrefix(strings.TrimSpace(extra), "admin ") {
+		admin = ""
+	}
+	return fmt.Sprintf("{\n\t%s\n\tpersist_config off\n\tauto_https off\n\t%s\n\t%s\n}\n", admin, logs, extra)
 }
 
 // startCaddy loads a Caddyfile whose site blocks use {PORT} (and {PORT2}

@@ -43,6 +43,8 @@ const (
 	DefaultQueue             = 500
 	DefaultQueueBytes        = 1 << 20
 	DefaultSlowClientTimeout = 30 * time.Second
+	DefaultThrottle          = 60 * time.Second
+	DefaultLeaseTTL          = 15 * time.Second
 )
 
 // Handler serves Server-Sent Events: a GET (or HEAD) opens a stream of the
@@ -120,6 +122,55 @@ type Handler struct {
 	// streams, which would otherwise cut every long stream. Default: 30s.
 	SlowClientTimeout caddy.Duration `json:"slow_client_timeout,omitempty"`
 
+	// Principal is the template of who owns a stream, used for the
+	// per-principal cap and for throttling, for example
+	// "{http.auth.user.id}" or "{http.request.header.X-Wallet}" set by an
+	// authentication module or forward_auth. It is resolved per request
+	// like Channels; a stream whose principal does not resolve (or
+	// resolves to an invalid name) is refused with 401
+	// principal_unresolved, before any other check.
+	Principal string `json:"principal,omitempty"`
+
+	// MaxConnections caps the streams open on this instance: a stream that
+	// would exceed it is refused with 503 server_full. The count is of
+	// every stream this Caddy process holds on the handler's backend (all
+	// sites and routes sharing the hub, old configs' streams included
+	// while they close after a reload); each handler compares it with its
+	// own cap. Default: no cap.
+	MaxConnections int `json:"max_connections,omitempty"`
+
+	// MaxConnectionsPerPrincipal caps the streams of one principal: a
+	// stream that would exceed it is refused with 429 too_many_connections.
+	// The cap holds on this instance with the embedded hub, and across all
+	// instances with a shared backend. It requires Principal. Default: no
+	// cap.
+	MaxConnectionsPerPrincipal int `json:"max_connections_per_principal,omitempty"`
+
+	// LeaseTTL is how long a stream's share of its principal's cap outlives
+	// an instance that dies without giving it back, so that the principal
+	// is admitted elsewhere within that time. Only a backend shared by
+	// several instances (Redis) uses it: the embedded hub's leases end with
+	// the process. Default: 15s.
+	LeaseTTL caddy.Duration `json:"lease_ttl,omitempty"`
+
+	// Rejections chooses how temporary refusals of a stream (429 throttled
+	// and too_many_connections, 503 server_full and other 503s) are
+	// answered: "status" (the default) answers with the status code and a
+	// JSON body; "in_stream" answers with a 200 stream that sends
+	// "retry: <Retry-After in ms>" and one sse_rejected event carrying the
+	// same JSON, then ends, so that a browser's EventSource retries after
+	// that delay instead of giving up as it does on any non-200.
+	// Configuration-level refusals (400, 401, 403, 405) are status codes
+	// either way.
+	Rejections string `json:"rejections,omitempty"`
+
+	// Throttle is how long a client disconnected for being slow is refused
+	// with 429 throttled: its principal from its remote address (so that
+	// another device of the same user is not punished), or the remote
+	// address alone without a principal. Default: 60s. A negative value
+	// turns throttling off.
+	Throttle caddy.Duration `json:"throttle,omitempty"`
+
 	// Publish enables publishing with a POST to this route.
 	Publish *PublishConfig `json:"publish,omitempty"`
 
@@ -129,6 +180,7 @@ type Handler struct {
 	streams *registry
 	secret  []byte
 	limits  replay.Limits
+	metrics *metrics
 }
 
 // PublishConfig enables publishing on a route.
@@ -158,12 +210,17 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.limits = h.hubLimits()
+	m, err := acquireMetrics(ctx.GetMetricsRegistry())
+	if err != nil {
+		return err
+	}
+	h.metrics = m
 	hub, key, err := acquireHub()
 	if err != nil {
 		return err
 	}
 	h.hub, h.hubKey = hub, key
-	h.streams = newRegistry(h.logger, h.heartbeat(), h.closeJitter())
+	h.streams = newRegistry(h.logger, h.heartbeat(), h.closeJitter(), time.Duration(h.SlowClientTimeout))
 	return h.closeStreamsWhenStopping(ctx)
 }
 
@@ -189,6 +246,9 @@ func (h *Handler) applyDefaults() {
 	setDefault(&h.Queue, DefaultQueue)
 	setDefault(&h.QueueBytes, DefaultQueueBytes)
 	setDefault(&h.SlowClientTimeout, caddy.Duration(DefaultSlowClientTimeout))
+	setDefault(&h.Throttle, caddy.Duration(DefaultThrottle))
+	setDefault(&h.LeaseTTL, caddy.Duration(DefaultLeaseTTL))
+	setDefault(&h.Rejections, rejectionsStatus)
 }
 
 func setDefault[T comparable](field *T, value T) {
@@ -254,6 +314,9 @@ func (h *Handler) Validate() error {
 			return errors.New("channel: empty template")
 		}
 	}
+	if h.Principal != "" && strings.TrimSpace(h.Principal) == "" {
+		return errors.New("principal: empty template")
+	}
 	if h.Namespace != "" {
 		if err := validateChannelName(h.Namespace); err != nil || strings.Contains(h.Namespace, ":") {
 			return fmt.Errorf("namespace %q: must be a valid channel name without ':'", h.Namespace)
@@ -277,6 +340,11 @@ func (h *Handler) validateLimits() error {
 		{h.Queue > 0, "queue must be positive"},
 		{h.QueueBytes >= h.MaxEventSize, "queue_bytes must be at least max_event_size"},
 		{h.SlowClientTimeout > 0, "slow_client_timeout must be positive"},
+		{h.MaxConnections >= 0, "max_connections must not be negative"},
+		{h.MaxConnectionsPerPrincipal >= 0, "max_connections_per_principal must not be negative"},
+		{h.MaxConnectionsPerPrincipal == 0 || h.Principal != "", "max_connections_per_principal needs a principal"},
+		{h.LeaseTTL > 0, "lease_ttl must be positive"},
+		{h.Rejections == rejectionsStatus || h.Rejections == rejectionsInStream, "rejections must be status or in_stream"},
 	}
 	for _, c := range checks {
 		if !c.ok {
@@ -293,6 +361,9 @@ func (h *Handler) Cleanup() error {
 	if h.streams != nil {
 		h.streams.closeAll(stopReason())
 		h.streams.stop()
+	}
+	if h.metrics != nil {
+		releaseMetrics()
 	}
 	if h.hubKey != "" {
 		return releaseHub(h.hubKey)

@@ -27,6 +27,11 @@ func TestValidate(t *testing.T) {
 		{"history below event size", func(h *Handler) { h.HistoryBytes = h.MaxEventSize - 1 }, "history_bytes"},
 		{"queue bytes below event size", func(h *Handler) { h.QueueBytes = 10 }, "queue_bytes"},
 		{"negative replay limit", func(h *Handler) { h.ReplayLimit = -1 }, "replay_limit"},
+		{"per-principal cap without principal", func(h *Handler) { h.MaxConnectionsPerPrincipal = 2 }, "needs a principal"},
+		{"negative max_connections", func(h *Handler) { h.MaxConnections = -1 }, "max_connections"},
+		{"unknown rejections mode", func(h *Handler) { h.Rejections = "silent" }, "rejections"},
+		{"blank principal", func(h *Handler) { h.Principal = " " }, "principal"},
+		{"negative lease_ttl", func(h *Handler) { h.LeaseTTL = -1 }, "lease_ttl"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -50,6 +55,10 @@ func TestDefaults(t *testing.T) {
 	h.Heartbeat, h.CloseJitter = -1, -1
 	if h.heartbeat() != 0 || h.closeJitter() != 0 {
 		t.Fatal("negative heartbeat and close_jitter mean off")
+	}
+	if h.Throttle != caddy.Duration(DefaultThrottle) || h.LeaseTTL != caddy.Duration(DefaultLeaseTTL) ||
+		h.Rejections != rejectionsStatus || h.MaxConnections != 0 || h.MaxConnectionsPerPrincipal != 0 {
+		t.Fatalf("governance defaults: %+v", h)
 	}
 }
 

@@ -113,6 +113,7 @@ func (h *Handler) publishAll(ctx context.Context, req *publishRequest) (*publish
 			firstErr = cmpOr(firstErr, err)
 			continue
 		}
+		h.metrics.publishedEvent()
 		reply.IDs[name] = replay.EncodeCursor(replay.ChannelPosition{Hash: replay.HashChannel(key), Pos: pos})
 	}
 	if len(failed) > 0 {

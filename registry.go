@@ -8,44 +8,47 @@ import (
 	"go.uber.org/zap"
 )
 
-// registry keeps a handler's open streams: to send them heartbeats from one
-// shared ticker (no timer or goroutine per stream), and to close them all
-// when the config stops.
+// registry keeps a handler's open streams: to send them heartbeats and to
+// end those whose queue stayed full too long, from one shared ticker (no
+// timer or goroutine per stream), and to close them all when the config
+// stops.
 type registry struct {
 	logger    *zap.Logger
 	heartbeat time.Duration
 	jitter    time.Duration
+	slow      time.Duration
 
 	mu      sync.Mutex
-	streams map[*stream]struct{}
-	closed  string // the reason, once closing has begun
+	streams map[*stream]int64 // Unix nanoseconds each was added
+	closed  string            // the reason, once closing has begun
 	ticking bool
 	done    chan struct{}
 	stopped bool
 }
 
-func newRegistry(logger *zap.Logger, heartbeat, jitter time.Duration) *registry {
+func newRegistry(logger *zap.Logger, heartbeat, jitter, slow time.Duration) *registry {
 	return &registry{
 		logger:    logger,
 		heartbeat: heartbeat,
 		jitter:    jitter,
-		streams:   make(map[*stream]struct{}),
+		slow:      slow,
+		streams:   make(map[*stream]int64),
 		done:      make(chan struct{}),
 	}
 }
 
 // add registers a stream. A stream that opens after closing has begun is
-// told to close at once. The heartbeat ticker starts with the first stream,
-// so that loading (or validating) a config starts no goroutine.
+// told to close at once. The ticker starts with the first stream, so that
+// loading (or validating) a config starts no goroutine.
 func (r *registry) add(s *stream) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.streams[s] = struct{}{}
+	r.streams[s] = time.Now().UnixNano()
 	if r.closed != "" {
 		s.close(r.notice(r.closed))
 		return
 	}
-	if !r.ticking && r.heartbeat > 0 && !r.stopped {
+	if !r.ticking && (r.heartbeat > 0 || r.slow > 0) && !r.stopped {
 		r.ticking = true
 		go r.tick()
 	}
@@ -100,28 +103,46 @@ func (r *registry) stop() {
 	}
 }
 
-// tick marks the streams that have been silent for a heartbeat interval
-// and wakes them; each writes its heartbeat itself. The ticker runs at a
-// quarter of the interval, so a heartbeat is at most a quarter late.
+// tick visits the streams periodically: see sweep. It runs at a quarter of
+// the shorter of the heartbeat interval and the slow-client timeout, so
+// either is acted on at most a quarter late.
 func (r *registry) tick() {
-	t := time.NewTicker(max(r.heartbeat/4, 10*time.Millisecond))
+	t := time.NewTicker(r.tickInterval())
 	defer t.Stop()
 	for {
 		select {
 		case now := <-t.C:
-			r.markSilent(now)
+			r.sweep(now)
 		case <-r.done:
 			return
 		}
 	}
 }
 
-func (r *registry) markSilent(now time.Time) {
+func (r *registry) tickInterval() time.Duration {
+	every := r.slow
+	if r.heartbeat > 0 && (every <= 0 || r.heartbeat < every) {
+		every = r.heartbeat
+	}
+	return max(every/4, 10*time.Millisecond)
+}
+
+// sweep tells the streams whose queue has stayed full for the slow-client
+// timeout to close (SPEC S7), and marks those that have been silent for a
+// heartbeat interval and wakes them; each writes its heartbeat itself. A
+// queue that overflowed before its stream could write (while its history
+// was read) counts from when the stream was added.
+func (r *registry) sweep(now time.Time) {
 	due := now.Add(-r.heartbeat).UnixNano()
+	stuck := now.Add(-r.slow).UnixNano()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for s := range r.streams {
-		if s.lastWrite.Load() <= due {
+	for s, added := range r.streams {
+		if since := s.overflowSince.Load(); r.slow > 0 && since != 0 && max(since, added) <= stuck {
+			s.close(slowClient)
+			continue
+		}
+		if r.heartbeat > 0 && s.lastWrite.Load() <= due {
 			s.beatDue.Store(true)
 			s.poke()
 		}

@@ -34,10 +34,14 @@ const rejectSite = `
 }
 `
 
-// assertError checks a refusal: status and JSON {"error": code}.
+// assertError checks a refusal: status and JSON {"error": code}. A stream
+// answered instead fails at once (its body would never end).
 func assertError(t *testing.T, resp *http.Response, status int, code string) {
 	t.Helper()
 	defer resp.Body.Close()
+	if resp.StatusCode != status && resp.Header.Get("Content-Type") == "text/event-stream" {
+		t.Fatalf("status %d (a stream), want %d", resp.StatusCode, status)
+	}
 	body, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != status {
 		t.Fatalf("status %d, want %d (body %s)", resp.StatusCode, status, body)

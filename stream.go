@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/caddy-sse/caddy-sse/pubsub"
 	"github.com/caddy-sse/caddy-sse/replay"
 	"github.com/caddy-sse/caddy-sse/wire"
@@ -17,44 +19,58 @@ import (
 // replay was truncated, instead of silently missing events.
 var errHistoryGap = errors.New("missed events are no longer in the history")
 
+// errClosing interrupts a stream's writing once it has been told to close,
+// so that it closes without first writing all that is queued.
+var errClosing = errors.New("stream closing")
+
 // queued is an event waiting to be written, with the slot of its channel.
 type queued struct {
 	ev   *replay.Event
 	slot int
 }
 
-// closeNotice tells a stream to end with a server_closing event.
+// closeNotice tells a stream to end: with a server_closing event, or, for
+// a slow client, with a comment.
 type closeNotice struct {
 	reason string
 	retry  time.Duration
+	slow   bool
 }
+
+// slowClient tells a stream that its queue stayed full too long.
+var slowClient = &closeNotice{slow: true}
 
 // stream is one open SSE connection: the channels it reads, the position it
 // has written for each, and the bounded queue of live events waiting to be
 // written. The hub's fan-out (any goroutine) fills the queue through
 // Deliver; the connection's own goroutine drains it and writes.
 type stream struct {
-	h      *Handler
-	hub    *pubsub.Hub
-	names  []string // channels as the client names them
-	keys   []string // channels as the hub names them (namespaced)
-	cursor []replay.ChannelPosition
-	ids    replay.CursorEncoder
-	buf    []byte
-	out    streamWriter
+	h         *Handler
+	hub       *pubsub.Hub
+	principal string   // as resolved, for logs ("" for none)
+	names     []string // channels as the client names them
+	keys      []string // channels as the hub names them (namespaced)
+	cursor    []replay.ChannelPosition
+	ids       replay.CursorEncoder
+	buf       []byte
+	out       streamWriter
 
 	mu        sync.Mutex
 	pending   []queued
 	spare     []queued
 	queuedLen int64
 	overflow  bool
+	dropped   int64 // live events not queued since the last count
 
-	wake      chan struct{}
-	lastWrite atomic.Int64 // Unix nanoseconds of the last flush
-	beatDue   atomic.Bool
-	closing   atomic.Pointer[closeNotice]
+	wake          chan struct{}
+	lastWrite     atomic.Int64 // Unix nanoseconds of the last flush
+	overflowSince atomic.Int64 // Unix nanoseconds the queue overflowed; 0 if it has not
+	beatDue       atomic.Bool
+	closing       atomic.Pointer[closeNotice]
 
-	eventsSent int64
+	eventsSent     int64
+	eventsCounted  int64 // of eventsSent, those added to the metrics
+	batchStartedMs int64 // when the stream took its queue, for latency
 }
 
 func newStream(h *Handler, names []string) *stream {
@@ -74,14 +90,18 @@ func newStream(h *Handler, names []string) *stream {
 }
 
 // Deliver queues a live event; it never blocks. When the queue is full the
-// stream stops taking live events and will catch up from the history.
+// stream stops taking live events and will catch up from the history; the
+// registry's ticker ends it if it stays so for the slow-client timeout.
 func (s *stream) Deliver(slot int, ev *replay.Event) {
 	size := int64(len(ev.Frame))
 	s.mu.Lock()
 	switch {
 	case s.overflow:
+		s.dropped++
 	case len(s.pending) >= s.h.Queue || s.queuedLen+size > s.h.QueueBytes:
 		s.overflow = true
+		s.dropped++
+		s.overflowSince.Store(time.Now().UnixNano())
 	default:
 		s.pending = append(s.pending, queued{ev: ev, slot: slot})
 		s.queuedLen += size
@@ -122,7 +142,18 @@ func (s *stream) take() ([]queued, bool) {
 func (s *stream) resumeLive() {
 	s.mu.Lock()
 	s.overflow = false
+	s.overflowSince.Store(0)
 	s.mu.Unlock()
+}
+
+// takeDropped returns how many live events were not queued since the last
+// call, for the metrics.
+func (s *stream) takeDropped() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.dropped
+	s.dropped = 0
+	return n
 }
 
 // run writes events until the client leaves, the stream is closed, or a
@@ -138,6 +169,9 @@ func (s *stream) run(ctx context.Context) error {
 			return s.writeClosing(n)
 		}
 		if err := s.drain(ctx); err != nil {
+			if errors.Is(err, errClosing) {
+				return s.writeClosing(s.closing.Load())
+			}
 			return err
 		}
 	}
@@ -147,6 +181,13 @@ func (s *stream) run(ctx context.Context) error {
 // overflow), or a heartbeat if the stream is due one, and flushes once.
 func (s *stream) drain(ctx context.Context) error {
 	batch, overflowed := s.take()
+	if len(batch) > 0 {
+		s.batchStartedMs = time.Now().UnixMilli()
+		s.h.metrics.queueDepth(len(batch))
+	}
+	if overflowed {
+		s.queueFull(len(batch))
+	}
 	wrote := false
 	for i := range batch {
 		n, err := s.writeLive(ctx, batch[i])
@@ -158,6 +199,7 @@ func (s *stream) drain(ctx context.Context) error {
 	}
 	if overflowed {
 		s.resumeLive()
+		s.h.metrics.catchUp()
 		for slot := range s.keys {
 			n, err := s.repair(ctx, slot)
 			if err != nil {
@@ -179,12 +221,32 @@ func (s *stream) drain(ctx context.Context) error {
 }
 
 func (s *stream) flush() error {
+	s.countDelivered()
 	if err := s.out.Flush(); err != nil {
 		return err
 	}
 	s.beatDue.Store(false)
 	s.lastWrite.Store(time.Now().UnixNano())
 	return nil
+}
+
+// countDelivered adds the events written since the last count to the
+// metrics: once per flush, not per event, to keep the shared counter cool.
+func (s *stream) countDelivered() {
+	s.h.metrics.delivered(s.eventsSent - s.eventsCounted)
+	s.eventsCounted = s.eventsSent
+}
+
+// queueFull logs the start of an overflow episode, once per episode: it is
+// seen here when the stream takes the queue that overflowed.
+func (s *stream) queueFull(depth int) {
+	s.h.metrics.dropped(s.takeDropped())
+	s.h.logger.Warn("sse_queue_full",
+		zap.String("principal", s.principal),
+		zap.Strings("channels", s.names),
+		zap.Int("queue_depth", depth),
+		zap.Int("queue_limit", s.h.Queue),
+		zap.Int64("queue_bytes_limit", s.h.QueueBytes))
 }
 
 // writeLive writes a live event unless the stream has written it already
@@ -195,7 +257,7 @@ func (s *stream) writeLive(ctx context.Context, q queued) (bool, error) {
 		return false, nil
 	}
 	if at.Follows(q.ev.Pos) {
-		return true, s.writeEvent(q.slot, q.ev)
+		return true, s.writeLiveEvent(q)
 	}
 	wrote, err := s.repair(ctx, q.slot)
 	if err != nil {
@@ -206,7 +268,7 @@ func (s *stream) writeLive(ctx context.Context, q queued) (bool, error) {
 	case at.Covers(q.ev.Pos):
 		return wrote, nil
 	case at.Follows(q.ev.Pos):
-		return true, s.writeEvent(q.slot, q.ev)
+		return true, s.writeLiveEvent(q)
 	default:
 		return wrote, errHistoryGap
 	}
@@ -231,9 +293,20 @@ func (s *stream) repair(ctx context.Context, slot int) (bool, error) {
 	return len(page.Events) > 0, nil
 }
 
+// writeLiveEvent writes a queued event and records how long it took from
+// its publish until the stream took it from the queue.
+func (s *stream) writeLiveEvent(q queued) error {
+	s.h.metrics.latency(s.batchStartedMs - q.ev.Pos.Time)
+	return s.writeEvent(q.slot, q.ev)
+}
+
 // writeEvent writes an event's shared frame and this stream's id line,
-// which is the stream's cursor after the event.
+// which is the stream's cursor after the event. A stream told to close
+// stops here.
 func (s *stream) writeEvent(slot int, ev *replay.Event) error {
+	if s.closing.Load() != nil {
+		return errClosing
+	}
 	s.cursor[slot].Pos = ev.Pos
 	s.buf = wire.AppendID(s.buf[:0], s.ids.Encode(s.cursor))
 	if err := s.out.Write(ev.Frame); err != nil {
@@ -244,8 +317,13 @@ func (s *stream) writeEvent(slot int, ev *replay.Event) error {
 }
 
 // writeClosing tells the client that the server is closing (reload or
-// shutdown) and when to reconnect, then ends the stream.
+// shutdown) and when to reconnect, then ends the stream. A slow client is
+// told why it is cut off, if that can still be written in a short while.
 func (s *stream) writeClosing(n *closeNotice) error {
+	if n.slow {
+		s.buf = wire.AppendComment(s.buf[:0], "connection closed: slow client")
+		return s.out.WriteLast(s.buf)
+	}
 	s.buf = wire.AppendRetry(s.buf[:0], n.retry.Milliseconds())
 	s.buf = wire.AppendEvent(s.buf, wire.TypeServerClosing, []byte(`{"reason":"`+n.reason+`"}`))
 	s.buf = wire.AppendEnd(s.buf)

@@ -3,6 +3,7 @@ package caddysse
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"sort"
 	"strings"
@@ -20,13 +21,25 @@ import (
 // client leaves or the server closes.
 func (h *Handler) subscribe(w http.ResponseWriter, r *http.Request) error {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	principal, rej := h.resolvePrincipal(repl)
+	if rej != nil {
+		return h.reject(w, r, rej, 0)
+	}
 	names, rej := h.resolveChannels(repl)
 	if rej != nil {
 		return h.reject(w, r, rej, 0)
 	}
 	repl.Set("http.sse.channels", strings.Join(names, ","))
+	repl.Set("http.sse.principal", principal)
+	who := client{principal: principal, ip: clientIP(r)}
+	adm, rej, retryAfter := h.admit(r.Context(), who)
+	if rej != nil {
+		return h.reject(w, r, rej, retryAfter)
+	}
+	defer adm.release()
 
 	s := newStream(h, names)
+	s.principal = principal
 	if r.Method == http.MethodGet {
 		sub := h.hub.Subscribe(s, s.keys)
 		defer sub.Close()
@@ -42,19 +55,40 @@ func (h *Handler) subscribe(w http.ResponseWriter, r *http.Request) error {
 	s.out = newHTTPStreamWriter(w, r, time.Duration(h.SlowClientTimeout))
 	h.streams.add(s)
 	defer h.streams.remove(s)
+	h.serveStream(r, s, who, start)
+	return nil // the response has begun: an error here could not be sent
+}
+
+// serveStream writes the stream until it ends, counting and logging it; a
+// slow client is throttled.
+func (h *Handler) serveStream(r *http.Request, s *stream, who client, start startingPoint) {
+	h.metrics.streamOpened()
+	defer h.metrics.streamClosed()
+	h.metrics.replay(lastEventID(r) != "", len(start.truncated) > 0)
+	h.logger.Debug("stream opened",
+		zap.Strings("channels", s.names),
+		zap.String("principal", who.principal),
+		zap.String("remote", r.RemoteAddr),
+		zap.Bool("replay", lastEventID(r) != ""),
+		zap.Strings("truncated", start.truncated))
 
 	began := time.Now()
-	err = s.open(r.Context(), start)
+	err := s.open(r.Context(), start)
 	if err == nil {
 		err = s.run(r.Context())
 	}
+	s.countDelivered()
+	h.metrics.dropped(s.takeDropped())
+	if s.endedSlow(err) {
+		h.throttleSlowClient(r.Context(), s, who, time.Since(began))
+	}
 	h.logger.Debug("stream ended",
-		zap.Strings("channels", names),
+		zap.Strings("channels", s.names),
+		zap.String("principal", who.principal),
 		zap.String("remote", r.RemoteAddr),
 		zap.Duration("duration", time.Since(began)),
 		zap.Int64("events_sent", s.eventsSent),
 		zap.NamedError("reason", err))
-	return nil // the response has begun: an error here could not be sent
 }
 
 // lastEventID returns the client's cursor text: the Last-Event-ID header
@@ -110,18 +144,23 @@ func (s *stream) startingPoint(ctx context.Context, idText string) (startingPoin
 	return sp, nil
 }
 
-// writeHeaders sends the stream's headers (SPEC S2). no-transform keeps
-// Caddy's encode (and other proxies) from compressing and buffering it.
+// writeHeaders sends the stream's headers (SPEC S2).
 func (s *stream) writeHeaders(w http.ResponseWriter, truncated []string) {
 	hdr := w.Header()
-	hdr.Set("Content-Type", "text/event-stream")
-	hdr.Set("Cache-Control", "no-store, no-transform")
-	hdr.Set("X-Accel-Buffering", "no")
-	hdr.Del("Content-Length")
+	setStreamHeaders(hdr)
 	if len(truncated) > 0 {
 		hdr.Set("X-Replay-Truncated", "true")
 	}
 	w.WriteHeader(http.StatusOK)
+}
+
+// setStreamHeaders sets the headers of every stream. no-transform keeps
+// Caddy's encode (and other proxies) from compressing and buffering it.
+func setStreamHeaders(hdr http.Header) {
+	hdr.Set("Content-Type", "text/event-stream")
+	hdr.Set("Cache-Control", "no-store, no-transform")
+	hdr.Set("X-Accel-Buffering", "no")
+	hdr.Del("Content-Length")
 }
 
 // open writes the stream's preamble (a comment and the retry hint), flushes
@@ -147,6 +186,9 @@ func (s *stream) open(ctx context.Context, sp startingPoint) error {
 		}
 	}
 	if err := s.writeReplay(sp.pages); err != nil {
+		if errors.Is(err, errClosing) {
+			return nil // run tells the client at once
+		}
 		return err
 	}
 	for slot, page := range sp.pages {
@@ -171,10 +213,12 @@ func (s *stream) writeReplay(pages []replay.Page) error {
 	if len(pages) > 1 {
 		sort.SliceStable(all, func(i, j int) bool { return all[i].ev.Pos.Time < all[j].ev.Pos.Time })
 	}
-	for _, q := range all {
+	for i, q := range all {
 		if err := s.writeEvent(q.slot, q.ev); err != nil {
+			s.h.metrics.replayed(i)
 			return err
 		}
 	}
+	s.h.metrics.replayed(len(all))
 	return nil
 }

@@ -1,21 +1,37 @@
 package caddysse
 
 import (
+	"errors"
+	"fmt"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
+// lastWordsTimeout bounds the write of a stream's last words to a slow
+// client (the slow-client comment): it is worth a short try, not another
+// full slow-client timeout.
+const lastWordsTimeout = time.Second
+
+// errSlowWrite marks a write that failed because the client did not take
+// it within the slow-client timeout (SPEC S7).
+var errSlowWrite = errors.New("write blocked for the slow-client timeout")
+
 // streamWriter is where a stream's bytes go. Writes may be buffered until
 // Flush. Each write and flush is bounded by the stream's slow-client
-// timeout, and fails once the client is gone.
+// timeout, fails once the client is gone, and fails with an error that
+// wraps errSlowWrite when the bound is what stopped it.
 //
 // The net/http implementation below is the default; it is the seam for a
 // writer that takes HTTP/1.1 connections over from net/http.
 type streamWriter interface {
 	Write(p []byte) error
 	Flush() error
+	// WriteLast writes and flushes p, the stream's last words, within a
+	// bound shorter than the slow-client timeout.
+	WriteLast(p []byte) error
 }
 
 // httpStreamWriter writes a stream through net/http and Caddy's response
@@ -24,9 +40,14 @@ type httpStreamWriter struct {
 	w       http.ResponseWriter
 	rc      *http.ResponseController
 	timeout time.Duration
-	// manual is set when no Caddy idle-timeout writer bounds our writes,
-	// so this writer sets (and clears) the write deadline itself.
+	// idle is Caddy's idle-timeout writer that bounds each write, if any;
+	// without it (manual), this writer sets (and clears) the write
+	// deadline itself.
+	idle   *caddyhttp.IdleTimeoutWriter
 	manual bool
+	// began is when the writes since the last flush began: the clock is
+	// read once per batch, not per write.
+	began time.Time
 }
 
 // newHTTPStreamWriter prepares w for a long stream (SPEC S2): Caddy's
@@ -39,6 +60,7 @@ func newHTTPStreamWriter(w http.ResponseWriter, r *http.Request, timeout time.Du
 	if _, idle := caddyhttp.IdleTimeoutsFromContext(r.Context()); idle != nil {
 		idle.Deadline.HardDeadline = time.Time{}
 		idle.Override(timeout, 0, 0)
+		sw.idle = idle
 	} else {
 		sw.manual = true
 	}
@@ -46,21 +68,69 @@ func newHTTPStreamWriter(w http.ResponseWriter, r *http.Request, timeout time.Du
 }
 
 func (sw *httpStreamWriter) Write(p []byte) error {
-	if sw.manual {
-		_ = sw.rc.SetWriteDeadline(time.Now().Add(sw.timeout))
-	}
+	sw.beginWrite()
 	_, err := sw.w.Write(p)
-	return err
+	return sw.classify(err)
+}
+
+// beginWrite notes when the first write since the last flush began and,
+// without Caddy's idle writer, sets the deadline of this write.
+func (sw *httpStreamWriter) beginWrite() {
+	if !sw.manual {
+		if sw.began.IsZero() {
+			sw.began = time.Now()
+		}
+		return
+	}
+	now := time.Now()
+	if sw.began.IsZero() {
+		sw.began = now
+	}
+	_ = sw.rc.SetWriteDeadline(now.Add(sw.timeout))
 }
 
 func (sw *httpStreamWriter) Flush() error {
+	if sw.began.IsZero() {
+		sw.began = time.Now()
+	}
+	defer func() { sw.began = time.Time{} }()
 	if !sw.manual {
-		return sw.rc.Flush()
+		return sw.classify(sw.rc.Flush())
 	}
 	_ = sw.rc.SetWriteDeadline(time.Now().Add(sw.timeout))
 	err := sw.rc.Flush()
 	// HTTP/2 arms a timer for a write deadline that resets the stream even
 	// with no write in flight; clear it between writes.
 	_ = sw.rc.SetWriteDeadline(time.Time{})
+	return sw.classify(err)
+}
+
+// WriteLast writes and flushes p within lastWordsTimeout (or the
+// slow-client timeout, if shorter).
+func (sw *httpStreamWriter) WriteLast(p []byte) error {
+	bound := min(sw.timeout, lastWordsTimeout)
+	if sw.idle != nil {
+		defer sw.idle.Override(bound, 0, 0)()
+	} else {
+		_ = sw.rc.SetWriteDeadline(time.Now().Add(bound))
+		defer func() { _ = sw.rc.SetWriteDeadline(time.Time{}) }()
+	}
+	if _, err := sw.w.Write(p); err != nil {
+		return err
+	}
+	return sw.rc.Flush()
+}
+
+// classify marks an error as a slow write when the write deadline ended it:
+// HTTP/1 reports the deadline, but HTTP/2 resets the stream when it passes,
+// so a write that failed once its batch had been writing for (nearly) the
+// whole timeout counts too.
+func (sw *httpStreamWriter) classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) || time.Since(sw.began) >= sw.timeout-sw.timeout/10 {
+		return fmt.Errorf("%w: %w", errSlowWrite, err)
+	}
 	return err
 }

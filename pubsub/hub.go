@@ -20,8 +20,12 @@ type Subscriber interface {
 // Every handler that names the same backend shares one hub, so a publish on
 // one route reaches the subscribers of all the others.
 type Hub struct {
-	broker Broker
-	once   *Idempotency
+	broker    Broker
+	once      IdempotencyStore
+	name      string
+	leases    Leases
+	throttles Throttles
+	census    *Census
 
 	mu       sync.RWMutex
 	channels map[string]*members
@@ -52,23 +56,34 @@ type Subscription struct {
 }
 
 // NewHub returns a hub over the broker that newBroker builds; the broker
-// delivers its events to the hub.
-func NewHub(newBroker func(DeliverFunc) Broker) *Hub {
-	h := &Hub{channels: make(map[string]*members), once: NewIdempotency()}
+// delivers its events to the hub. Without options the hub's leases and
+// throttles are those of this process (MemoryLeases, MemoryThrottles); a
+// backend shared by several instances passes its own.
+func NewHub(newBroker func(DeliverFunc) Broker, opts ...HubOption) *Hub {
+	h := &Hub{
+		channels:  make(map[string]*members),
+		once:      NewIdempotency(),
+		leases:    NewMemoryLeases(),
+		throttles: NewMemoryThrottles(),
+		census:    NewCensus(),
+	}
+	for _, opt := range opts {
+		opt(h)
+	}
 	h.broker = newBroker(h.deliver)
 	return h
 }
 
 // NewMemoryHub returns a hub over the embedded broker.
 func NewMemoryHub() *Hub {
-	return NewHub(func(d DeliverFunc) Broker { return NewMemory(d) })
+	return NewHub(func(d DeliverFunc) Broker { return NewMemory(d) }, WithName("embedded"))
 }
 
 // Broker returns the hub's broker.
 func (h *Hub) Broker() Broker { return h.broker }
 
 // Idempotency returns the store of publish replies for Idempotency-Key.
-func (h *Hub) Idempotency() *Idempotency { return h.once }
+func (h *Hub) Idempotency() IdempotencyStore { return h.once }
 
 // Publish publishes msg to channel through the broker.
 func (h *Hub) Publish(ctx context.Context, channel string, msg Message, lim replay.Limits) (replay.Position, error) {

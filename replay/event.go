@@ -38,6 +38,17 @@ func (p Position) Covers(q Position) bool {
 	return q.Epoch == p.Epoch && q.Seq <= p.Seq && !p.IsZero()
 }
 
+// Contradicts reports whether an event at q cannot belong to the history a
+// stream at p has written: same epoch, not after p, yet newer than p (or at
+// p's seq with another time). It happens when a failover lost events and
+// their seqs were given to new ones.
+func (p Position) Contradicts(q Position) bool {
+	if p.IsZero() || q.Epoch != p.Epoch || q.Seq > p.Seq {
+		return false
+	}
+	return q.Time > p.Time || (q.Seq == p.Seq && q.Time != p.Time)
+}
+
 // Event is one event as stored and delivered: its position and its encoded
 // "event:"/"data:" lines. Frame is shared by every subscriber and by the
 // history, so it must never be modified.

@@ -18,7 +18,8 @@ type Window interface {
 //   - after is in another epoch than the history (lost or rebuilt), unless
 //     after is the zero position and the history still starts at seq 1;
 //   - after is newer than head (the history was rewritten);
-//   - the event at after is retained but has another time (rewritten);
+//   - the event at after is retained but has another time, or the event
+//     after it is older than after (rewritten);
 //   - the event following after is no longer retained;
 //   - more than limit events follow after.
 func Select(w Window, head Position, after Position, limit int) Page {
@@ -55,6 +56,8 @@ func Select(w Window, head Position, after Position, limit int) Page {
 		if w.At(int(after.Seq-oldest)).Pos.Time != after.Time {
 			return newest(w, limit, page)
 		}
+	} else if w.At(0).Pos.Time < after.Time {
+		return newest(w, limit, page) // the next event cannot be older
 	}
 	return tail(w, int(after.Seq+1-oldest), limit, page)
 }

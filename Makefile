@@ -1,0 +1,89 @@
+# Load benchmarks of the sse handler: see docs/PERFORMANCE.md ("Load
+# benchmarks"). Every target builds the server (./cmd/caddy) and the load tool
+# (./cmd/ssebench), lets the tool start the server (-spawn) on
+# cmd/ssebench/testdata/Caddyfile and stop it at the end (by its pid), prints a
+# summary and appends one JSON line per run to $(BENCH_OUT). Loopback only.
+# Run one at a time: the server and the load share the box.
+
+GO            ?= go
+BENCH_CADDY   ?= /tmp/bench-caddy
+BENCH_TOOL    ?= /tmp/ssebench
+BENCH_OUT     ?= /tmp/ssebench-results.jsonl
+BENCH_PROFILES ?= /tmp/ssebench-profiles
+BENCH_CONFIG  ?= cmd/ssebench/testdata/Caddyfile
+BENCH_TLS_CONFIG ?= cmd/ssebench/testdata/Caddyfile.tls
+BENCH_ADMIN   ?= 127.0.0.1:9019
+BENCH_URL     ?= http://127.0.0.1:9080/events
+BENCH_URL2    ?= http://127.0.0.1:9081/events
+BENCH_TLS_URL ?= https://127.0.0.1:9443/events
+BENCH_CONNS   ?= 10000
+BENCH_FLAGS   ?=
+BENCH_QUIET   ?= -quiet-wait 5m
+
+SSEBENCH = $(BENCH_TOOL)
+SPAWN    = -spawn "$(BENCH_CADDY) run --config $(BENCH_CONFIG)" -admin $(BENCH_ADMIN) -out $(BENCH_OUT) $(BENCH_QUIET) $(BENCH_FLAGS)
+SPAWN_TLS = -spawn "$(BENCH_CADDY) run --config $(BENCH_TLS_CONFIG)" -admin $(BENCH_ADMIN) -out $(BENCH_OUT) $(BENCH_QUIET) $(BENCH_FLAGS)
+
+.PHONY: bench bench-build bench-idle bench-fanout bench-fanout20 bench-spread bench-ramp bench-churn \
+	bench-reconnect bench-scaleout bench-idle-tls bench-idle-h2 bench-profile-fanout bench-profile-fanout20 \
+	bench-profile-idle
+
+## bench: every scenario of the performance issue (about 6 minutes)
+bench: bench-idle bench-fanout bench-fanout20 bench-spread bench-ramp bench-churn bench-reconnect bench-scaleout
+
+## bench-build: BENCH_NOBUILD=1 keeps an existing $(BENCH_CADDY) (e.g. a build of another commit)
+bench-build:
+	@if [ -z "$(BENCH_NOBUILD)" ]; then set -x; $(GO) build -o $(BENCH_CADDY) ./cmd/caddy; fi
+	$(GO) build -o $(BENCH_TOOL) ./cmd/ssebench
+
+## idle: 10k streams over 1000 channels; server RSS delta per stream
+bench-idle: bench-build
+	$(SSEBENCH) idle -url $(BENCH_URL) -conns $(BENCH_CONNS) -channels 1000 $(SPAWN)
+
+## fanout: 10k subscribers of one channel, 5 events/s for 30 s (50k deliveries/s)
+bench-fanout: bench-build
+	$(SSEBENCH) fanout -url $(BENCH_URL) -conns $(BENCH_CONNS) -rate 5 -duration 30s $(SPAWN)
+
+## fanout20: the same at 20 events/s (200k deliveries/s asked; saturates the box)
+bench-fanout20: bench-build
+	$(SSEBENCH) fanout -url $(BENCH_URL) -conns $(BENCH_CONNS) -rate 20 -duration 30s -drain 60s $(SPAWN)
+
+## spread: 10k subscribers over 1000 channels, 500 events/s
+bench-spread: bench-build
+	$(SSEBENCH) spread -url $(BENCH_URL) -conns $(BENCH_CONNS) -channels 1000 -rate 500 -duration 30s $(SPAWN)
+
+## ramp: how fast 10k streams open (no settle, nothing else)
+bench-ramp: bench-build
+	$(SSEBENCH) idle -url $(BENCH_URL) -conns $(BENCH_CONNS) -channels 1000 -settle 0 $(SPAWN)
+
+## churn: 2000 new streams/s, each open 1 s, for 10 s
+bench-churn: bench-build
+	$(SSEBENCH) churn -url $(BENCH_URL) -conn-rate 2000 -hold 1s -duration 10s $(SPAWN)
+
+## reconnect: 10k streams, a forced reload (POST /load), 100 events meanwhile
+bench-reconnect: bench-build
+	$(SSEBENCH) reconnect -url $(BENCH_URL) -conns $(BENCH_CONNS) -events 100 -rate 20 -config $(BENCH_CONFIG) -close-jitter 5s $(SPAWN)
+
+## scaleout: fanout over two URLs (two ports of one process until Redis lands)
+bench-scaleout: bench-build
+	$(SSEBENCH) scaleout -url $(BENCH_URL),$(BENCH_URL2) -conns $(BENCH_CONNS) -rate 5 -duration 30s $(SPAWN)
+
+## idle-tls / idle-h2: idle memory of TLS HTTP/1.1 and HTTP/2 streams (goroutine engine)
+bench-idle-tls: bench-build
+	$(SSEBENCH) idle -url $(BENCH_TLS_URL) -engine std -proto h1 -conns $(BENCH_CONNS) -channels 1000 $(SPAWN_TLS)
+
+bench-idle-h2: bench-build
+	$(SSEBENCH) idle -url $(BENCH_TLS_URL) -engine std -proto h2 -h2-conns 40 -conns $(BENCH_CONNS) -channels 1000 $(SPAWN_TLS)
+
+## profiles (admin /debug/pprof) into $(BENCH_PROFILES); read with go tool pprof -top $(BENCH_CADDY) <file>
+bench-profile-fanout: bench-build
+	mkdir -p $(BENCH_PROFILES)
+	$(SSEBENCH) fanout -url $(BENCH_URL) -conns $(BENCH_CONNS) -rate 5 -duration 30s -server-cpuprofile $(BENCH_PROFILES)/fanout5-cpu.pprof $(SPAWN)
+
+bench-profile-fanout20: bench-build
+	mkdir -p $(BENCH_PROFILES)
+	$(SSEBENCH) fanout -url $(BENCH_URL) -conns $(BENCH_CONNS) -rate 20 -duration 30s -drain 60s -server-cpuprofile $(BENCH_PROFILES)/fanout20-cpu.pprof $(SPAWN)
+
+bench-profile-idle: bench-build
+	mkdir -p $(BENCH_PROFILES)
+	$(SSEBENCH) idle -url $(BENCH_URL) -conns $(BENCH_CONNS) -channels 1000 -server-heapprofile $(BENCH_PROFILES)/idle-heap.pprof $(SPAWN)

@@ -1,0 +1,173 @@
+package caddysse
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-sse/caddy-sse/pubsub"
+)
+
+func init() {
+	caddy.RegisterModule(AdminStats{})
+}
+
+// How many channels and principals GET /sse/stats lists by default, and at
+// most (?top=N).
+const (
+	defaultStatsTop = 10
+	maxStatsTop     = 1000
+)
+
+// clusterCountTimeout bounds the question to a shared backend for the
+// cluster-wide count of the listed principals.
+const clusterCountTimeout = 2 * time.Second
+
+// AdminStats serves GET /sse/stats on Caddy's admin endpoint: the streams
+// open on this instance, per hub (backend), with the channels and
+// principals that hold the most (?top=N, default 10). With a backend shared
+// by several instances whose leases can count across them, each listed
+// principal also has its cluster-wide count.
+type AdminStats struct{}
+
+// CaddyModule returns the Caddy module information.
+func (AdminStats) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "admin.api.sse",
+		New: func() caddy.Module { return new(AdminStats) },
+	}
+}
+
+// Routes returns the route of the stats endpoint.
+func (a AdminStats) Routes() []caddy.AdminRoute {
+	return []caddy.AdminRoute{{Pattern: "/sse/stats", Handler: caddy.AdminHandlerFunc(a.serveStats)}}
+}
+
+// statsReply is the body of GET /sse/stats.
+type statsReply struct {
+	OpenStreams int        `json:"open_streams"`
+	Hubs        []hubStats `json:"hubs"`
+}
+
+type hubStats struct {
+	Backend       string          `json:"backend"`
+	OpenStreams   int             `json:"open_streams"`
+	Channels      int             `json:"channels"`
+	Principals    int             `json:"principals"`
+	TopChannels   []channelStat   `json:"top_channels"`
+	TopPrincipals []principalStat `json:"top_principals"`
+	ClusterError  string          `json:"cluster_error,omitempty"`
+}
+
+type channelStat struct {
+	Channel string `json:"channel"`
+	Streams int    `json:"streams"`
+}
+
+type principalStat struct {
+	Principal      string `json:"principal"`
+	Streams        int    `json:"streams"`
+	ClusterStreams *int   `json:"cluster_streams,omitempty"`
+}
+
+// statsSource is what the stats read of a pooled hub.
+type statsSource interface {
+	Name() string
+	Census() *pubsub.Census
+	TopChannels(n int) ([]pubsub.Count, int)
+	Leases() pubsub.Leases
+}
+
+func (AdminStats) serveStats(w http.ResponseWriter, r *http.Request) error {
+	if r.Method != http.MethodGet {
+		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: errors.New("method not allowed")}
+	}
+	n, err := statsTop(r)
+	if err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+	}
+	reply := statsReply{Hubs: []hubStats{}}
+	for _, src := range pooledStatsSources() {
+		hs := collectHubStats(r.Context(), src, n)
+		reply.OpenStreams += hs.OpenStreams
+		reply.Hubs = append(reply.Hubs, hs)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	return json.NewEncoder(w).Encode(reply)
+}
+
+// statsTop reads ?top=N.
+func statsTop(r *http.Request) (int, error) {
+	raw := r.URL.Query().Get("top")
+	if raw == "" {
+		return defaultStatsTop, nil
+	}
+	n, err := strconv.Atoi(raw)
+	if err != nil || n < 1 || n > maxStatsTop {
+		return 0, fmt.Errorf("top must be an integer from 1 to %d", maxStatsTop)
+	}
+	return n, nil
+}
+
+// pooledStatsSources returns the hubs in use, by backend name.
+func pooledStatsSources() []statsSource {
+	var out []statsSource
+	hubs.Range(func(_, val any) bool {
+		if src, ok := val.(statsSource); ok {
+			out = append(out, src)
+		}
+		return true
+	})
+	slices.SortFunc(out, func(a, b statsSource) int { return cmp.Compare(a.Name(), b.Name()) })
+	return out
+}
+
+func collectHubStats(ctx context.Context, src statsSource, n int) hubStats {
+	hs := hubStats{Backend: src.Name(), OpenStreams: src.Census().Total()}
+	channels, nChannels := src.TopChannels(n)
+	principals, nPrincipals := src.Census().TopPrincipals(n)
+	hs.Channels, hs.Principals = nChannels, nPrincipals
+	hs.TopChannels = make([]channelStat, len(channels))
+	for i, c := range channels {
+		hs.TopChannels[i] = channelStat{Channel: c.Name, Streams: c.Streams}
+	}
+	hs.TopPrincipals = make([]principalStat, len(principals))
+	for i, p := range principals {
+		hs.TopPrincipals[i] = principalStat{Principal: p.Name, Streams: p.Streams}
+	}
+	if counter, ok := src.Leases().(pubsub.LeaseCounter); ok && len(principals) > 0 {
+		hs.ClusterError = addClusterCounts(ctx, counter, hs.TopPrincipals)
+	}
+	return hs
+}
+
+// addClusterCounts asks shared leases for the cluster-wide count of each
+// listed principal; it returns the error text if they could not answer.
+func addClusterCounts(ctx context.Context, counter pubsub.LeaseCounter, stats []principalStat) string {
+	names := make([]string, len(stats))
+	for i, p := range stats {
+		names[i] = p.Principal
+	}
+	ctx, cancel := context.WithTimeout(ctx, clusterCountTimeout)
+	defer cancel()
+	counts, err := counter.Counts(ctx, names)
+	if err != nil {
+		return err.Error()
+	}
+	for i := range stats {
+		n := counts[stats[i].Principal]
+		stats[i].ClusterStreams = &n
+	}
+	return ""
+}
+
+// Interface guards
+var _ caddy.AdminRouter = AdminStats{}

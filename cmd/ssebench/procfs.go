@@ -1,0 +1,296 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// clockTicks is USER_HZ, the unit of /proc/<pid>/stat times. It is 100 on
+// every Linux architecture Go supports (the kernel exports that value to
+// user space regardless of CONFIG_HZ).
+const clockTicks = 100
+
+// procStat is what the tool reads from /proc/<pid>/stat.
+type procStat struct {
+	utimeTicks int64
+	stimeTicks int64
+	threads    int64
+	rssPages   int64
+}
+
+func (s procStat) cpuSeconds() float64 {
+	return float64(s.utimeTicks+s.stimeTicks) / clockTicks
+}
+
+// parseProcStat parses /proc/<pid>/stat. The command name (field 2) is in
+// parentheses and may hold spaces and parentheses, so fields are counted
+// from the last ')'.
+func parseProcStat(b []byte) (procStat, error) {
+	var s procStat
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return s, errors.New("/proc stat: no ')'")
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// f[0] is field 3 (state); utime is field 14, stime 15, num_threads
+	// 20, rss 24.
+	if len(f) < 22 {
+		return s, fmt.Errorf("/proc stat: %d fields after the name, want ≥ 22", len(f))
+	}
+	var err error
+	get := func(field int) int64 {
+		if err != nil {
+			return 0
+		}
+		var n int64
+		n, err = strconv.ParseInt(f[field-3], 10, 64)
+		return n
+	}
+	s.utimeTicks = get(14)
+	s.stimeTicks = get(15)
+	s.threads = get(20)
+	s.rssPages = get(24)
+	if err != nil {
+		return s, fmt.Errorf("/proc stat: %v", err)
+	}
+	return s, nil
+}
+
+// procStatus is what the tool reads from /proc/<pid>/status.
+type procStatus struct {
+	rssKiB  int64 // VmRSS
+	hwmKiB  int64 // VmHWM, the peak RSS
+	threads int64
+	fds     int // filled in by readProc from /proc/<pid>/fd
+}
+
+func parseProcStatus(b []byte) (procStatus, error) {
+	var s procStatus
+	found := false
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		name, value, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		value = strings.TrimSpace(value)
+		switch name {
+		case "VmRSS":
+			n, err := parseKB(value)
+			if err != nil {
+				return s, err
+			}
+			s.rssKiB, found = n, true
+		case "VmHWM":
+			n, err := parseKB(value)
+			if err != nil {
+				return s, err
+			}
+			s.hwmKiB = n
+		case "Threads":
+			n, err := strconv.ParseInt(value, 10, 64)
+			if err != nil {
+				return s, fmt.Errorf("/proc status Threads: %v", err)
+			}
+			s.threads = n
+		}
+	}
+	if !found {
+		return s, errors.New("/proc status: no VmRSS (a kernel thread or a zombie?)")
+	}
+	return s, nil
+}
+
+func parseKB(v string) (int64, error) {
+	num, unit, _ := strings.Cut(v, " ")
+	n, err := strconv.ParseInt(strings.TrimSpace(num), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("/proc status: %q: %v", v, err)
+	}
+	if u := strings.TrimSpace(unit); u != "" && u != "kB" {
+		return 0, fmt.Errorf("/proc status: unit %q, want kB", u)
+	}
+	return n, nil
+}
+
+// procSample is one reading of a process.
+type procSample struct {
+	rssKiB  int64
+	hwmKiB  int64
+	cpuSec  float64
+	threads int64
+	fds     int
+}
+
+// readProc reads a process's RSS, CPU time, threads and open files.
+func readProc(pid int) (procSample, error) {
+	dir := fmt.Sprintf("/proc/%d", pid)
+	st, err := os.ReadFile(dir + "/status")
+	if err != nil {
+		return procSample{}, err
+	}
+	status, err := parseProcStatus(st)
+	if err != nil {
+		return procSample{}, err
+	}
+	sb, err := os.ReadFile(dir + "/stat")
+	if err != nil {
+		return procSample{}, err
+	}
+	stat, err := parseProcStat(sb)
+	if err != nil {
+		return procSample{}, err
+	}
+	fds := -1
+	if ents, err := os.ReadDir(dir + "/fd"); err == nil {
+		fds = len(ents)
+	}
+	return procSample{rssKiB: status.rssKiB, hwmKiB: status.hwmKiB, cpuSec: stat.cpuSeconds(), threads: stat.threads, fds: fds}, nil
+}
+
+// listenInodes returns the socket inodes of the listening TCP sockets on
+// port found in the text of /proc/net/tcp or /proc/net/tcp6.
+func listenInodes(b []byte, port int) ([]uint64, error) {
+	var out []uint64
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	first := true
+	for sc.Scan() {
+		if first { // the header line
+			first = false
+			continue
+		}
+		f := strings.Fields(sc.Text())
+		if len(f) < 10 {
+			continue
+		}
+		_, hexPort, ok := strings.Cut(f[1], ":")
+		if !ok {
+			return nil, fmt.Errorf("/proc/net/tcp: local address %q", f[1])
+		}
+		p, err := strconv.ParseUint(hexPort, 16, 16)
+		if err != nil {
+			return nil, fmt.Errorf("/proc/net/tcp: port %q: %v", hexPort, err)
+		}
+		if int(p) != port || f[3] != "0A" { // 0A: TCP_LISTEN
+			continue
+		}
+		inode, err := strconv.ParseUint(f[9], 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("/proc/net/tcp: inode %q: %v", f[9], err)
+		}
+		if inode != 0 {
+			out = append(out, inode)
+		}
+	}
+	return out, sc.Err()
+}
+
+// parseSocketLink returns the inode of a /proc/<pid>/fd link "socket:[N]".
+func parseSocketLink(link string) (uint64, bool) {
+	rest, ok := strings.CutPrefix(link, "socket:[")
+	if !ok || !strings.HasSuffix(rest, "]") {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(rest[:len(rest)-1], 10, 64)
+	return n, err == nil
+}
+
+// findListenerPID returns the pid of the process (other than this one) that
+// holds a listening TCP socket on port, from /proc/net/tcp{,6} and
+// /proc/*/fd. Processes of other users cannot be read without privileges.
+func findListenerPID(port int) (int, error) { return findListener(port, true) }
+
+func findListener(port int, skipSelf bool) (int, error) {
+	want := map[uint64]bool{}
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		inodes, err := listenInodes(b, port)
+		if err != nil {
+			return 0, err
+		}
+		for _, n := range inodes {
+			want[n] = true
+		}
+	}
+	if len(want) == 0 {
+		return 0, fmt.Errorf("no process listens on TCP port %d", port)
+	}
+	self := os.Getpid()
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(filepath.Base(d))
+		if err != nil || (skipSelf && pid == self) {
+			continue
+		}
+		ents, err := os.ReadDir(d + "/fd")
+		if err != nil {
+			continue
+		}
+		for _, e := range ents {
+			link, err := os.Readlink(d + "/fd/" + e.Name())
+			if err != nil {
+				continue
+			}
+			if n, ok := parseSocketLink(link); ok && want[n] {
+				return pid, nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("a socket listens on port %d but no readable process holds it", port)
+}
+
+// loadavg returns the first three fields of /proc/loadavg.
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// parseCPUBusy returns the busy CPU time of the whole machine in seconds
+// (user, nice, system, irq, softirq, steal; not idle or iowait) from the
+// "cpu" line of /proc/stat.
+func parseCPUBusy(b []byte) (float64, error) {
+	line, _, _ := bytes.Cut(b, []byte("\n"))
+	f := strings.Fields(string(line))
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0, errors.New("/proc/stat: no cpu line")
+	}
+	var busy int64
+	for i, v := range f[1:] {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/stat: %v", err)
+		}
+		switch i {
+		case 3, 4: // idle, iowait
+		case 0, 1, 2, 5, 6, 7: // user, nice, system, irq, softirq, steal
+			busy += n
+		}
+	}
+	return float64(busy) / clockTicks, nil
+}
+
+// machineBusy reads the machine's busy CPU seconds so far.
+func machineBusy() (float64, bool) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, false
+	}
+	v, err := parseCPUBusy(b)
+	return v, err == nil
+}

@@ -1,0 +1,286 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// publisher publishes one event to one channel. The HTTP endpoint is the
+// only implementation for now. Publishing straight into Redis
+// (-publish-redis, once the Redis backend lands) is another implementation
+// of this interface: it runs the backend's publish function for the channel
+// with the same data; the scenarios do not change.
+type publisher interface {
+	publish(ctx context.Context, channel, event string, data []byte, idemKey string) error
+	close()
+}
+
+// httpPublisher POSTs JSON to the sse route's publish endpoint.
+type httpPublisher struct {
+	url    string
+	secret string
+	client *http.Client
+	tr     *http.Transport
+}
+
+func newHTTPPublisher(t *target, secret string, conns int, timeout time.Duration) *httpPublisher {
+	dialer := &net.Dialer{Timeout: timeout}
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return dialer.DialContext(ctx, network, t.addr.String())
+		},
+		MaxIdleConnsPerHost: conns,
+		DisableCompression:  true,
+	}
+	if t.tls {
+		tr.TLSClientConfig = insecureTLS()
+	}
+	scheme := "http"
+	if t.tls {
+		scheme = "https"
+	}
+	return &httpPublisher{
+		url:    scheme + "://" + t.host + t.url.RequestURI(),
+		secret: secret,
+		tr:     tr,
+		client: &http.Client{Transport: tr, Timeout: timeout},
+	}
+}
+
+type publishBody struct {
+	Channel string          `json:"channel"`
+	Event   string          `json:"event,omitempty"`
+	Data    json.RawMessage `json:"data"`
+}
+
+func (p *httpPublisher) publish(ctx context.Context, channel, event string, data []byte, idemKey string) error {
+	body, err := json.Marshal(publishBody{Channel: channel, Event: event, Data: data})
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.url, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+p.secret)
+	req.Header.Set("Content-Type", "application/json")
+	if idemKey != "" {
+		// also makes net/http retry the POST on a keep-alive connection
+		// the server closed (as on a reload)
+		req.Header.Set("Idempotency-Key", idemKey)
+	}
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("publish: %s", shortErr(err))
+	}
+	defer resp.Body.Close()
+	reply, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("publish: status %d %s", resp.StatusCode, bytes.TrimSpace(reply))
+	}
+	return nil
+}
+
+func (p *httpPublisher) close() { p.tr.CloseIdleConnections() }
+
+// pubPlan is what to publish: count events at rate events/s (0: at once),
+// event i to channel chanOf(i), by workers goroutines. When ordered, all
+// events of a channel are published by the same goroutine, one after the
+// other, so that the channel's order is the tool's sequence order (and a
+// slow publish delays the next). Otherwise any free goroutine takes the next
+// event on schedule, like independent backends; events of a channel may then
+// overtake each other (counted as reordered, never as lost).
+type pubPlan struct {
+	channels []string
+	count    int
+	rate     float64
+	chanOf   func(i int) int
+	workers  int
+	ordered  bool
+	event    string
+	pad      int
+	idem     bool // Idempotency-Key per event, retried on errors
+	retries  int
+	// seqBase is the last sequence number already used per channel (by an
+	// earlier plan on the same channels).
+	seqBase []int64
+}
+
+// pubResult is what a plan published.
+type pubResult struct {
+	attempted atomic.Int64
+	ok        atomic.Int64
+	failed    atomic.Int64
+	perChanOK []atomic.Int64
+	seqs      []int64 // the last sequence number used per channel
+	ordered   bool
+	start     time.Time
+	end       time.Time
+
+	mu   sync.Mutex
+	rtt  histogram // request round trip
+	lag  histogram // how late each publish started against its schedule
+	errs map[string]int64
+}
+
+type pubJob struct {
+	ch  int
+	seq int64
+	due time.Time
+}
+
+// runPublish publishes plan, on schedule, until done or ctx ends.
+func runPublish(ctx context.Context, pub publisher, plan pubPlan) *pubResult {
+	res := &pubResult{
+		perChanOK: make([]atomic.Int64, len(plan.channels)),
+		seqs:      make([]int64, len(plan.channels)),
+		errs:      map[string]int64{},
+		ordered:   plan.ordered,
+	}
+	copy(res.seqs, plan.seqBase)
+	workers := max(plan.workers, 1)
+	queues := make([]chan pubJob, workers)
+	if !plan.ordered {
+		shared := make(chan pubJob, max(plan.count, 1))
+		for w := range queues {
+			queues[w] = shared
+		}
+	}
+	var wg sync.WaitGroup
+	var runID [6]byte
+	_, _ = rand.Read(runID[:])
+	for w := range queues {
+		if queues[w] == nil {
+			queues[w] = make(chan pubJob, max(plan.count, 1))
+		}
+		wg.Add(1)
+		go func(q <-chan pubJob) {
+			defer wg.Done()
+			var data []byte
+			for job := range q {
+				key := ""
+				if plan.idem {
+					key = fmt.Sprintf("ssebench-%s-%d-%d", hex.EncodeToString(runID[:]), job.ch, job.seq)
+				}
+				res.attempted.Add(1)
+				began := time.Now()
+				res.mu.Lock()
+				res.lag.Record(began.Sub(job.due).Nanoseconds())
+				res.mu.Unlock()
+				// the same body on a retry: the Idempotency-Key covers it
+				data = appendBenchData(data[:0], benchEvent{ch: int64(job.ch), seq: job.seq, t: began.UnixNano()}, plan.pad)
+				var err error
+				for try := 0; try <= plan.retries; try++ {
+					if ctx.Err() != nil {
+						break
+					}
+					began := time.Now()
+					err = pub.publish(ctx, plan.channels[job.ch], plan.event, data, key)
+					res.mu.Lock()
+					res.rtt.Record(time.Since(began).Nanoseconds())
+					if err != nil {
+						res.errs[err.Error()]++
+					}
+					res.mu.Unlock()
+					if err == nil || !plan.idem {
+						break
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+				if err != nil {
+					res.failed.Add(1)
+					continue
+				}
+				res.ok.Add(1)
+				res.perChanOK[job.ch].Add(1)
+			}
+		}(queues[w])
+	}
+	res.start = time.Now()
+	interval := time.Duration(0)
+	if plan.rate > 0 {
+		interval = time.Duration(float64(time.Second) / plan.rate)
+	}
+schedule:
+	for i := range plan.count {
+		due := res.start.Add(time.Duration(i) * interval)
+		if d := time.Until(due); d > 0 {
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				break schedule
+			}
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		ch := plan.chanOf(i)
+		res.seqs[ch]++
+		queues[ch%workers] <- pubJob{ch: ch, seq: res.seqs[ch], due: due}
+	}
+	closed := map[chan pubJob]bool{}
+	for _, q := range queues {
+		if !closed[q] {
+			closed[q] = true
+			close(q)
+		}
+	}
+	wg.Wait()
+	res.end = time.Now()
+	return res
+}
+
+// publishSummary is the JSON of a pubResult.
+type publishSummary struct {
+	Attempted int64            `json:"attempted"`
+	OK        int64            `json:"ok"`
+	Failed    int64            `json:"failed"`
+	Seconds   float64          `json:"seconds"`
+	PerS      float64          `json:"per_s"`
+	RTT       *latencySummary  `json:"rtt"`
+	Lag       *latencySummary  `json:"schedule_lag"`
+	Ordered   bool             `json:"ordered"`
+	Errors    map[string]int64 `json:"errors,omitempty"`
+}
+
+func (r *pubResult) summary() *publishSummary {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	secs := r.end.Sub(r.start).Seconds()
+	s := &publishSummary{
+		Attempted: r.attempted.Load(),
+		OK:        r.ok.Load(),
+		Failed:    r.failed.Load(),
+		Seconds:   round3(secs),
+		RTT:       r.rtt.Summary(),
+		Lag:       r.lag.Summary(),
+		Ordered:   r.ordered,
+	}
+	if secs > 0 {
+		s.PerS = round3(float64(s.OK) / secs)
+	}
+	if len(r.errs) > 0 {
+		s.Errors = r.errs
+	}
+	return s
+}
+
+func insecureTLS() *tls.Config {
+	return &tls.Config{InsecureSkipVerify: true} // loopback benchmarks against `tls internal`
+}
+
+func round3(f float64) float64 { return math.Round(f*1000) / 1000 }

@@ -1,0 +1,279 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// fakeSSE is a minimal in-process SSE server with the module's HTTP
+// surface: GET streams (one channel per stream here, ids "<channel>:<seq>",
+// Last-Event-ID replay), POST publishes with a bearer secret and replies
+// {"ids": ...}, and POST /load ends every stream with server_closing and
+// retry: 50, like a reload.
+type fakeSSE struct {
+	mu   sync.Mutex
+	log  map[string][][]byte // per channel, the frames by seq-1
+	subs map[*fakeSub]bool
+}
+
+type fakeSub struct {
+	channel string
+	frames  chan []byte
+	closing chan struct{}
+}
+
+func newFakeSSE() *fakeSSE {
+	return &fakeSSE{log: map[string][][]byte{}, subs: map[*fakeSub]bool{}}
+}
+
+func (f *fakeSSE) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch {
+	case r.URL.Path == "/load" && r.Method == http.MethodPost:
+		f.mu.Lock()
+		for s := range f.subs {
+			close(s.closing)
+			delete(f.subs, s)
+		}
+		f.mu.Unlock()
+	case r.Method == http.MethodPost:
+		f.publish(w, r)
+	case r.Method == http.MethodGet:
+		f.stream(w, r)
+	default:
+		http.Error(w, "no", http.StatusMethodNotAllowed)
+	}
+}
+
+func (f *fakeSSE) publish(w http.ResponseWriter, r *http.Request) {
+	if r.Header.Get("Authorization") != "Bearer smoke" {
+		http.Error(w, `{"error":"unauthorized"}`, http.StatusUnauthorized)
+		return
+	}
+	var body struct {
+		Channel string          `json:"channel"`
+		Event   string          `json:"event"`
+		Data    json.RawMessage `json:"data"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&body); err != nil || body.Channel == "" {
+		http.Error(w, `{"error":"json_invalid"}`, http.StatusBadRequest)
+		return
+	}
+	var data bytes.Buffer
+	_ = json.Compact(&data, body.Data)
+	f.mu.Lock()
+	seq := len(f.log[body.Channel]) + 1
+	id := fmt.Sprintf("%s:%d", body.Channel, seq)
+	frame := []byte(fmt.Sprintf("event: %s\ndata: %s\nid: %s\n\n", body.Event, data.Bytes(), id))
+	f.log[body.Channel] = append(f.log[body.Channel], frame)
+	for s := range f.subs {
+		if s.channel == body.Channel {
+			select {
+			case s.frames <- frame:
+			default: // a stuck client: end its stream, it replays on reconnect
+				close(s.closing)
+				delete(f.subs, s)
+			}
+		}
+	}
+	f.mu.Unlock()
+	fmt.Fprintf(w, `{"ids":{%q:%q}}`, body.Channel, id)
+}
+
+func (f *fakeSSE) stream(w http.ResponseWriter, r *http.Request) {
+	ch := r.URL.Query().Get("channels")
+	if ch == "" || strings.Contains(ch, ",") {
+		http.Error(w, `{"error":"channel_invalid"}`, http.StatusBadRequest)
+		return
+	}
+	after := -1 // a fresh stream starts live
+	if id := r.Header.Get("Last-Event-ID"); id != "" {
+		_, n, _ := strings.Cut(id, ":")
+		after, _ = strconv.Atoi(n)
+	}
+	s := &fakeSub{channel: ch, frames: make(chan []byte, 1024), closing: make(chan struct{})}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(http.StatusOK)
+	fmt.Fprint(w, ": ok\nretry: 3000\n\n")
+	f.mu.Lock()
+	var replay []byte
+	if after >= 0 && after < len(f.log[ch]) {
+		for _, fr := range f.log[ch][after:] {
+			replay = append(replay, fr...)
+		}
+	}
+	f.subs[s] = true
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		delete(f.subs, s)
+		f.mu.Unlock()
+	}()
+	_, _ = w.Write(replay)
+	rc := http.NewResponseController(w)
+	if rc.Flush() != nil {
+		return
+	}
+	for {
+		select {
+		case fr := <-s.frames:
+			_, _ = w.Write(fr)
+			if rc.Flush() != nil {
+				return
+			}
+		case <-s.closing:
+			fmt.Fprint(w, "retry: 50\nevent: server_closing\ndata: {\"reason\":\"reload\"}\n\n")
+			return
+		case <-r.Context().Done():
+			return
+		}
+	}
+}
+
+// serve starts h on a new loopback listener and returns its base URL.
+func serve(t *testing.T, h http.Handler) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Close() })
+	return "http://" + ln.Addr().String()
+}
+
+// runScenario runs the tool in process and returns its result and output.
+func runScenario(t *testing.T, args ...string) (*result, string) {
+	t.Helper()
+	cfg, err := parseArgs(args)
+	if err != nil {
+		t.Fatalf("parseArgs(%q): %v", args, err)
+	}
+	var stdout, stderr bytes.Buffer
+	r := newRunner(cfg, &stdout, &stderr)
+	code := r.run()
+	var res result
+	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
+		t.Fatalf("the JSON line does not parse: %v\n%s", err, stdout.String())
+	}
+	if code != 0 || !res.OK {
+		t.Fatalf("%s: exit %d\n%s\n%s", args[0], code, stdout.String(), stderr.String())
+	}
+	return &res, stderr.String()
+}
+
+func common(url string) []string {
+	return []string{"-url", url + "/events", "-secret", "smoke", "-pid", strconv.Itoa(os.Getpid()),
+		"-settle", "100ms", "-q", "-timeout", "60s", "-drain", "10s"}
+}
+
+func checkDelivery(t *testing.T, res *result, conns int, events int64) {
+	t.Helper()
+	d := res.Delivery
+	if res.Ramp.Connected != int64(conns) || d.Clients != conns {
+		t.Fatalf("connected %d, clients %d, want %d", res.Ramp.Connected, d.Clients, conns)
+	}
+	if d.Expected != events || d.Unique != events || d.Lost != 0 || d.Dupes != 0 || !d.Drained {
+		t.Fatalf("delivery %+v, want %d events, nothing lost", d, events)
+	}
+	if res.Latency.N < uint64(events) || res.Latency.P99ms <= 0 || res.Latency.MaxMs < res.Latency.P50ms {
+		t.Fatalf("latency %+v", res.Latency)
+	}
+	if res.Server == nil || res.Server.PID != os.Getpid() || res.Server.RSSKiB <= 0 || res.Client == nil {
+		t.Fatalf("server %+v client %+v", res.Server, res.Client)
+	}
+}
+
+// TestSmokeFanout runs fanout end to end, with both engines, against the
+// fake server.
+func TestSmokeFanout(t *testing.T) {
+	base := serve(t, newFakeSSE())
+	for _, engine := range []string{"epoll", "std"} {
+		t.Run(engine, func(t *testing.T) {
+			args := append([]string{"fanout", "-engine", engine, "-conns", "200", "-rate", "20", "-duration", "1s"}, common(base)...)
+			if engine == "std" { // publishers that may overtake each other
+				args = append(args, "-ordered=false", "-publishers", "8")
+			}
+			res, summary := runScenario(t, args...)
+			checkDelivery(t, res, 200, 200*20)
+			if res.Engine != engine || !strings.Contains(summary, "latency:") {
+				t.Fatalf("engine %q, summary:\n%s", res.Engine, summary)
+			}
+		})
+	}
+}
+
+// TestSmokeScenarios runs spread, scaleout, reconnect and churn briefly.
+func TestSmokeScenarios(t *testing.T) {
+	hub := newFakeSSE()
+	base, base2 := serve(t, hub), serve(t, hub)
+	t.Run("spread", func(t *testing.T) {
+		args := append([]string{"spread", "-conns", "100", "-channels", "10", "-rate", "50", "-duration", "1s"}, common(base)...)
+		res, _ := runScenario(t, args...)
+		checkDelivery(t, res, 100, 50*10) // each event reaches the 10 streams of its channel
+	})
+	t.Run("scaleout", func(t *testing.T) {
+		args := append([]string{"scaleout", "-conns", "100", "-rate", "10", "-duration", "1s", "-channel-prefix", "so"}, common(base)...)
+		args[len(args)-len(common(base))+1] = base + "/events," + base2 + "/events"
+		res, _ := runScenario(t, args...)
+		checkDelivery(t, res, 100, 100*10)
+		if len(res.Targets) != 2 {
+			t.Fatalf("targets %v", res.Targets)
+		}
+	})
+	t.Run("reconnect", func(t *testing.T) {
+		cfgFile := filepath.Join(t.TempDir(), "Caddyfile")
+		if err := os.WriteFile(cfgFile, []byte("# reload\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		admin := strings.TrimPrefix(base, "http://")
+		args := append([]string{"reconnect", "-conns", "100", "-events", "20", "-rate", "40", "-channel-prefix", "rc",
+			"-admin", admin, "-config", cfgFile, "-close-jitter", "1s"}, common(base)...)
+		res, _ := runScenario(t, args...)
+		rc := res.Reconnect
+		if rc.Reconnected != 100 || rc.Complete != 100 || rc.ServerClosing != 100 || !rc.WithinBudget || res.Delivery.Lost != 0 || res.Delivery.Dupes != 0 {
+			t.Fatalf("reconnect %+v delivery %+v", rc, res.Delivery)
+		}
+		if res.Delivery.Expected != 100*21 { // warm-up event + 20
+			t.Fatalf("expected %d deliveries", res.Delivery.Expected)
+		}
+	})
+	t.Run("churn", func(t *testing.T) {
+		args := append([]string{"churn", "-conn-rate", "200", "-hold", "200ms", "-duration", "1s"}, common(base)...)
+		res, _ := runScenario(t, args...)
+		c := res.Churn
+		if c.Connected < 150 || c.Failed != 0 || c.ConnsPerS < 100 || res.Conn.ClosedByUs != c.Connected {
+			t.Fatalf("churn %+v conns %+v", c, res.Conn)
+		}
+	})
+}
+
+// TestRefusesNonLoopback checks the command refuses a non-loopback target
+// before doing anything.
+func TestRefusesNonLoopback(t *testing.T) {
+	cfg, err := parseArgs([]string{"fanout", "-url", "http://192.0.2.1:9080/events", "-q"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if code := newRunner(cfg, &out, io.Discard).run(); code == 0 || !strings.Contains(out.String(), "not a loopback address") {
+		t.Fatalf("exit %d: %s", code, out.String())
+	}
+	for _, args := range [][]string{
+		{"nope"}, {"fanout", "-engine", "x"}, {"reconnect"}, {"scaleout"}, {"fanout", "-per-conn", "2"}, {"fanout", "extra"},
+	} {
+		if _, err := parseArgs(append(args, "-q")); err == nil {
+			t.Errorf("parseArgs(%q) accepted", args)
+		}
+	}
+}

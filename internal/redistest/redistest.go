@@ -1,0 +1,367 @@
+// Package redistest starts real redis-server processes for tests, on free
+// loopback ports, and stops them (by PID) when the test ends. Tests can kill
+// and restart them to test faults. Without redis-server on PATH, tests are
+// skipped — unless CI=true, where a missing redis-server fails the run.
+package redistest
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Require skips (or, with CI=true, fails) a test when redis-server or
+// redis-cli is not installed.
+func Require(t testing.TB) {
+	t.Helper()
+	for _, bin := range []string{"redis-server", "redis-cli"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("%s is required when CI=true: %v", bin, err)
+			}
+			t.Skipf("%s not installed: %v", bin, err)
+		}
+	}
+}
+
+var (
+	portsMu sync.Mutex
+	given   = map[int]bool{}
+)
+
+// FreePort returns a loopback port that was free a moment ago and that no
+// other caller of this package got before (never 6379: that one is not ours).
+func FreePort(t testing.TB) int {
+	t.Helper()
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for range 100 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		// cluster nodes also use port+10000 for their bus
+		if port == 6379 || port+10000 > 65535 || given[port] {
+			continue
+		}
+		given[port] = true
+		return port
+	}
+	t.Fatal("no free port")
+	return 0
+}
+
+// Server is one redis-server process.
+type Server struct {
+	t    testing.TB
+	Port int
+	Dir  string
+	args []string
+	cmd  *exec.Cmd
+	log  *os.File
+}
+
+// Addr is the server's host:port.
+func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.Port) }
+
+// URL is the server's redis:// URL.
+func (s *Server) URL() string { return "redis://" + s.Addr() }
+
+// Start starts a redis-server on a free port with persistence off; extra
+// arguments are added to its command line (e.g. "--cluster-enabled", "yes").
+func Start(t testing.TB, extra ...string) *Server {
+	t.Helper()
+	Require(t)
+	s := &Server{t: t, Port: FreePort(t), Dir: t.TempDir()}
+	s.args = append([]string{
+		"--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", s.Dir, "--daemonize", "no", "--loglevel", "warning",
+	}, extra...)
+	s.Restart()
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// Restart starts the server again on the same port (after Kill or Stop).
+func (s *Server) Restart() {
+	s.t.Helper()
+	if s.cmd != nil {
+		s.t.Fatal("redistest: Restart of a running server")
+	}
+	log, err := os.OpenFile(filepath.Join(s.Dir, "redis.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	args := append([]string{"--port", strconv.Itoa(s.Port)}, s.args...)
+	cmd := exec.Command("redis-server", args...)
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		s.t.Fatalf("starting redis-server: %v", err)
+	}
+	s.cmd, s.log = cmd, log
+	s.waitReady()
+}
+
+func (s *Server) waitReady() {
+	s.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if out, err := s.CLI("PING"); err == nil && strings.TrimSpace(out) == "PONG" {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	data, _ := os.ReadFile(filepath.Join(s.Dir, "redis.log"))
+	s.t.Fatalf("redis-server on %d did not start:\n%s", s.Port, data)
+}
+
+// Kill ends the server abruptly (SIGKILL): a crash.
+func (s *Server) Kill() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+	s.log.Close()
+	s.cmd = nil
+}
+
+// Stop ends the server (used at cleanup).
+func (s *Server) Stop() { s.Kill() }
+
+// CLI runs redis-cli against the server and returns its output.
+func (s *Server) CLI(args ...string) (string, error) {
+	return CLI(s.Port, args...)
+}
+
+// MustCLI is CLI that fails the test on error or an error reply.
+func (s *Server) MustCLI(args ...string) string {
+	s.t.Helper()
+	out, err := s.CLI(args...)
+	if err != nil || strings.HasPrefix(out, "ERR") || strings.HasPrefix(out, "(error)") {
+		s.t.Fatalf("redis-cli %v: %v %s", args, err, out)
+	}
+	return out
+}
+
+// CLI runs redis-cli against a port, with a time limit.
+func CLI(port int, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	full := append([]string{"-h", "127.0.0.1", "-p", strconv.Itoa(port)}, args...)
+	out, err := exec.CommandContext(ctx, "redis-cli", full...).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+// Cluster is a Redis Cluster of local primaries (no replicas).
+type Cluster struct {
+	Nodes []*Server
+}
+
+// Addrs returns the nodes' addresses.
+func (c *Cluster) Addrs() []string {
+	addrs := make([]string, len(c.Nodes))
+	for i, n := range c.Nodes {
+		addrs[i] = n.Addr()
+	}
+	return addrs
+}
+
+// StartCluster starts n cluster-enabled redis-servers and joins them with
+// `redis-cli --cluster create`, slots spread evenly.
+func StartCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	c := &Cluster{}
+	for range n {
+		c.Nodes = append(c.Nodes, Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--cluster-node-timeout", "2000"))
+	}
+	args := append([]string{"--cluster", "create"}, c.Addrs()...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := CLI(c.Nodes[0].Port, args...); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	c.WaitOK(t)
+	return c
+}
+
+// WaitOK waits until every node reports cluster_state:ok and agrees on
+// the slots.
+func (c *Cluster) WaitOK(t testing.TB) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		ok := true
+		for _, node := range c.Nodes {
+			out, err := node.CLI("CLUSTER", "INFO")
+			if err != nil || !strings.Contains(out, "cluster_state:ok") {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			if out, err := CLI(c.Nodes[0].Port, "--cluster", "check", c.Nodes[0].Addr()); err == nil && strings.Contains(out, "[OK] All 16384 slots covered") {
+				return
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatal("redis cluster did not become ok")
+}
+
+// NodeOfSlot returns the node serving a slot, as node 0 sees the cluster.
+func (c *Cluster) NodeOfSlot(t testing.TB, slot int) *Server {
+	t.Helper()
+	sc := bufio.NewScanner(strings.NewReader(c.Nodes[0].MustCLI("CLUSTER", "NODES")))
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 9 || !strings.Contains(fields[2], "master") {
+			continue
+		}
+		for _, r := range fields[8:] {
+			lo, hi, ranged := strings.Cut(r, "-")
+			l, err := strconv.Atoi(lo)
+			if err != nil {
+				continue // a migrating/importing marker
+			}
+			h := l
+			if ranged {
+				h, _ = strconv.Atoi(hi)
+			}
+			if slot >= l && slot <= h {
+				return c.nodeAt(t, fields[1])
+			}
+		}
+	}
+	t.Fatalf("no node serves slot %d", slot)
+	return nil
+}
+
+// FirstSlotOf returns the lowest slot a node serves, as node 0 sees it.
+func (c *Cluster) FirstSlotOf(t testing.TB, node *Server) int {
+	t.Helper()
+	sc := bufio.NewScanner(strings.NewReader(c.Nodes[0].MustCLI("CLUSTER", "NODES")))
+	lowest := -1
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 9 || c.nodeAt(t, fields[1]) != node {
+			continue
+		}
+		for _, r := range fields[8:] {
+			lo, _, _ := strings.Cut(r, "-")
+			if l, err := strconv.Atoi(lo); err == nil && (lowest < 0 || l < lowest) {
+				lowest = l
+			}
+		}
+	}
+	if lowest < 0 {
+		t.Fatalf("%s serves no slot", node.Addr())
+	}
+	return lowest
+}
+
+// nodeAt finds the node of an address as CLUSTER NODES prints it
+// (ip:port@busport).
+func (c *Cluster) nodeAt(t testing.TB, addr string) *Server {
+	t.Helper()
+	hostPort, _, _ := strings.Cut(addr, "@")
+	for _, n := range c.Nodes {
+		if n.Addr() == hostPort {
+			return n
+		}
+	}
+	t.Fatalf("no node at %s", addr)
+	return nil
+}
+
+// NodeID returns a node's cluster id.
+func (s *Server) NodeID() string {
+	s.t.Helper()
+	return s.MustCLI("CLUSTER", "MYID")
+}
+
+// Sentinel is a primary, a replica and one sentinel watching them.
+type Sentinel struct {
+	Primary, Replica *Server
+	Sentinel         *Server
+	Master           string // the monitored master's name
+}
+
+// StartSentinel starts a primary, a replica of it and a sentinel that fails
+// over after a second of silence.
+func StartSentinel(t testing.TB) *Sentinel {
+	t.Helper()
+	primary := Start(t)
+	replica := Start(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port))
+	s := &Sentinel{Primary: primary, Replica: replica, Master: "ssemaster"}
+	port := FreePort(t)
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "sentinel.conf")
+	content := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor %s 127.0.0.1 %d 1\n"+
+		"sentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 3000\nsentinel parallel-syncs %s 1\n",
+		port, dir, s.Master, primary.Port, s.Master, s.Master, s.Master)
+	if err := os.WriteFile(conf, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sentinel := &Server{t: t, Port: port, Dir: dir, args: []string{"--sentinel"}}
+	sentinel.startWithConfig(conf)
+	t.Cleanup(sentinel.Stop)
+	s.Sentinel = sentinel
+	s.waitReplicating(t)
+	return s
+}
+
+func (s *Server) startWithConfig(conf string) {
+	s.t.Helper()
+	log, err := os.OpenFile(filepath.Join(s.Dir, "redis.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	cmd := exec.Command("redis-server", append([]string{conf}, s.args...)...)
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		s.t.Fatalf("starting redis sentinel: %v", err)
+	}
+	s.cmd, s.log = cmd, log
+	s.waitReady()
+}
+
+func (s *Sentinel) waitReplicating(t testing.TB) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		info, _ := s.Replica.CLI("INFO", "replication")
+		sentinelView, _ := s.Sentinel.CLI("SENTINEL", "REPLICAS", s.Master)
+		if strings.Contains(info, "master_link_status:up") && strings.Contains(sentinelView, strconv.Itoa(s.Replica.Port)) {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatal("the replica did not start replicating, or the sentinel did not see it")
+}
+
+// MasterPort asks the sentinel which port the master is on now.
+func (s *Sentinel) MasterPort(t testing.TB) int {
+	t.Helper()
+	out := s.Sentinel.MustCLI("SENTINEL", "GET-MASTER-ADDR-BY-NAME", s.Master)
+	lines := strings.Fields(out)
+	if len(lines) < 2 {
+		t.Fatalf("sentinel answered %q", out)
+	}
+	port, _ := strconv.Atoi(lines[1])
+	return port
+}

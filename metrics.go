@@ -1,0 +1,261 @@
+package caddysse
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/caddy-sse/caddy-sse/pubsub"
+)
+
+// metricsPool holds the module's collectors: one set per process, so that
+// counters run on across reloads. Each config load brings a new Prometheus
+// registry, in which every Provision registers the same collectors again.
+var metricsPool = caddy.NewUsagePool()
+
+const metricsKey = "caddy_sse"
+
+// metrics are the module's Prometheus collectors (names caddy_sse_*). No
+// label names a channel or a principal: their number has no bound.
+type metrics struct {
+	streamsOpen     prometheus.Gauge
+	streamsOpened   prometheus.Counter
+	rejections      *prometheus.CounterVec
+	published       prometheus.Counter
+	deliveredEvents prometheus.Counter
+	droppedEvents   prometheus.Counter
+	catchUps        prometheus.Counter
+	replays         prometheus.Counter
+	truncated       prometheus.Counter
+	replayedEvents  prometheus.Counter
+	slowClients     prometheus.Counter
+	latencySeconds  prometheus.Histogram
+	queueDepths     prometheus.Histogram
+	backend         *backendCollector
+}
+
+// subscribeRefusals are the reasons a stream is refused, counted from zero
+// so that dashboards and alerts see them before the first one happens.
+var subscribeRefusals = []string{
+	"principal_unresolved", "channel_unresolved", "channel_invalid", "too_many_channels",
+	"throttled", "too_many_connections", "server_full",
+}
+
+func newMetrics() *metrics {
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "caddy", Subsystem: "sse", Name: name, Help: help})
+	}
+	m := &metrics{
+		streamsOpen: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "caddy", Subsystem: "sse", Name: "streams_open",
+			Help: "Streams open now."}),
+		streamsOpened: counter("streams_opened_total", "Streams opened."),
+		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "caddy", Subsystem: "sse", Name: "rejections_total",
+			Help: "Requests refused, by reason (the error code of the refusal)."}, []string{"reason"}),
+		published:       counter("events_published_total", "Events published through this instance's publish endpoints, one per channel."),
+		deliveredEvents: counter("events_delivered_total", "Events written to streams: live, replayed and caught up."),
+		droppedEvents:   counter("events_dropped_total", "Live events that a full stream queue did not take; the stream catches up on them from the history."),
+		catchUps:        counter("catchups_total", "Times a stream whose queue overflowed caught up from the history."),
+		replays:         counter("replays_total", "Streams that opened with a Last-Event-ID."),
+		truncated:       counter("replays_truncated_total", "Streams whose replay was truncated."),
+		replayedEvents:  counter("events_replayed_total", "Events written in the replays of streams that opened with a Last-Event-ID."),
+		slowClients:     counter("slow_client_disconnects_total", "Streams ended because the client read too slowly."),
+		latencySeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "caddy", Subsystem: "sse", Name: "delivery_latency_seconds",
+			Help:    "Time from the publish of a live event until its stream takes it from its queue to write it.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}}),
+		queueDepths: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "caddy", Subsystem: "sse", Name: "queue_depth",
+			Help:    "Events waiting in a stream's queue each time its writer takes them; never more than the queue setting.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 12)}),
+		backend: newBackendCollector(),
+	}
+	for _, reason := range subscribeRefusals {
+		m.rejections.WithLabelValues(reason)
+	}
+	return m
+}
+
+func (m *metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{
+		m.streamsOpen, m.streamsOpened, m.rejections, m.published, m.deliveredEvents, m.droppedEvents,
+		m.catchUps, m.replays, m.truncated, m.replayedEvents, m.slowClients, m.latencySeconds,
+		m.queueDepths, m.backend,
+	}
+}
+
+// Destruct lets the pool drop the collectors once no handler uses them.
+func (m *metrics) Destruct() error { return nil }
+
+// acquireMetrics returns the process's collectors, registered in reg (the
+// registry of the config being loaded). A collector registered already,
+// by another handler of the same config, is no error.
+func acquireMetrics(reg *prometheus.Registry) (*metrics, error) {
+	val, _, err := metricsPool.LoadOrNew(metricsKey, func() (caddy.Destructor, error) { return newMetrics(), nil })
+	if err != nil {
+		return nil, err
+	}
+	m := val.(*metrics)
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range m.collectors() {
+		var dup prometheus.AlreadyRegisteredError
+		if err := reg.Register(c); err != nil && !(errors.As(err, &dup) && dup.ExistingCollector == c) {
+			releaseMetrics()
+			return nil, fmt.Errorf("registering metrics: %v", err)
+		}
+	}
+	return m, nil
+}
+
+func releaseMetrics() {
+	_, _ = metricsPool.Delete(metricsKey)
+}
+
+// The recording methods do nothing on a nil *metrics (a handler that was
+// not provisioned, as in benchmarks).
+
+func (m *metrics) streamOpened() {
+	if m != nil {
+		m.streamsOpen.Inc()
+		m.streamsOpened.Inc()
+	}
+}
+
+func (m *metrics) streamClosed() {
+	if m != nil {
+		m.streamsOpen.Dec()
+	}
+}
+
+func (m *metrics) rejection(code string) {
+	if m != nil {
+		m.rejections.WithLabelValues(code).Inc()
+	}
+}
+
+func (m *metrics) publishedEvent() {
+	if m != nil {
+		m.published.Inc()
+	}
+}
+
+func (m *metrics) delivered(n int64) {
+	if m != nil && n > 0 {
+		m.deliveredEvents.Add(float64(n))
+	}
+}
+
+func (m *metrics) dropped(n int64) {
+	if m != nil && n > 0 {
+		m.droppedEvents.Add(float64(n))
+	}
+}
+
+func (m *metrics) catchUp() {
+	if m != nil {
+		m.catchUps.Inc()
+	}
+}
+
+// replay counts a stream that opened with a cursor, and whether its replay
+// was truncated.
+func (m *metrics) replay(withCursor, truncated bool) {
+	if m == nil || !withCursor {
+		return
+	}
+	m.replays.Inc()
+	if truncated {
+		m.truncated.Inc()
+	}
+}
+
+func (m *metrics) replayed(events int) {
+	if m != nil && events > 0 {
+		m.replayedEvents.Add(float64(events))
+	}
+}
+
+func (m *metrics) slowClient() {
+	if m != nil {
+		m.slowClients.Inc()
+	}
+}
+
+// latency records a live event's delay from publish to write, in ms (the
+// resolution of an event's publish time). Clocks of other instances may be
+// a little ahead: a negative delay counts as zero.
+func (m *metrics) latency(ms int64) {
+	if m != nil {
+		m.latencySeconds.Observe(float64(max(ms, 0)) / 1000)
+	}
+}
+
+func (m *metrics) queueDepth(events int) {
+	if m != nil {
+		m.queueDepths.Observe(float64(events))
+	}
+}
+
+// backendCollector reports the connection to a shared backend (Redis) of
+// every hub whose broker implements pubsub.BackendReporter. It reports
+// nothing while no hub has such a broker (the embedded hub).
+type backendCollector struct {
+	up, reconnects, channels *prometheus.Desc
+}
+
+func newBackendCollector() *backendCollector {
+	return &backendCollector{
+		up: prometheus.NewDesc("caddy_sse_redis_up",
+			"1 if every Redis backend in use is reachable, else 0.", nil, nil),
+		reconnects: prometheus.NewDesc("caddy_sse_redis_reconnects_total",
+			"Reconnections to Redis backends.", nil, nil),
+		channels: prometheus.NewDesc("caddy_sse_redis_channels_subscribed",
+			"Channels subscribed to on Redis backends.", nil, nil),
+	}
+}
+
+// Describe sends the descriptors of the backend metrics.
+func (c *backendCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.up
+	ch <- c.reconnects
+	ch <- c.channels
+}
+
+// Collect sums the status of the hubs' backends.
+func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
+	found, up := false, true
+	var reconnects uint64
+	var channels int
+	hubs.Range(func(_, val any) bool {
+		hub, ok := val.(interface{ Broker() pubsub.Broker })
+		if !ok {
+			return true
+		}
+		rep, ok := hub.Broker().(pubsub.BackendReporter)
+		if !ok {
+			return true
+		}
+		st := rep.BackendStatus()
+		found, up = true, up && st.Up
+		reconnects += st.Reconnects
+		channels += st.Channels
+		return true
+	})
+	if !found {
+		return
+	}
+	upValue := 0.0
+	if up {
+		upValue = 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, upValue)
+	ch <- prometheus.MustNewConstMetric(c.reconnects, prometheus.CounterValue, float64(reconnects))
+	ch <- prometheus.MustNewConstMetric(c.channels, prometheus.GaugeValue, float64(channels))
+}
+
+// Interface guards
+var (
+	_ caddy.Destructor     = (*metrics)(nil)
+	_ prometheus.Collector = (*backendCollector)(nil)
+)

@@ -1,0 +1,378 @@
+package pubsub
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/caddy-sse/caddy-sse/replay"
+)
+
+// redisFunctions is the function library (see redis.lua for the data
+// model). Its functions are versioned: a change of behaviour gets new names.
+//
+//go:embed redis.lua
+var redisFunctions string
+
+// Names of the library's functions.
+const (
+	FunctionPublish = "sse_publish_v1"
+	FunctionRead    = "sse_read_v1"
+)
+
+// RedisFunctions returns the source of the function library, for users
+// who load it themselves.
+func RedisFunctions() string { return redisFunctions }
+
+// ErrUnavailable is returned when Redis cannot be reached.
+var ErrUnavailable = errors.New("redis is unavailable")
+
+// Redis is the broker for several instances: each channel's history is a
+// Redis stream, each event is appended and announced on the channel's
+// shard channel by one atomic function call, and each instance subscribes
+// to the channels its streams read (see watcher).
+type Redis struct {
+	opts    RedisOptions
+	client  redis.UniversalClient
+	cluster *redis.ClusterClient // nil unless Redis Cluster
+	deliver DeliverFunc
+	log     *zap.Logger
+	watch   *watcher
+	local   localFallback
+
+	onClose     []func() // run by Close before the client closes
+	up          atomic.Bool
+	scriptsOnly atomic.Bool // functions are forbidden: run scripts
+	stateMu     sync.Mutex
+	downLogged  bool
+	closed      atomic.Bool
+}
+
+// NewRedis returns a Redis broker. It does not connect: the first publish,
+// read or watch does, so a server starts while Redis is down.
+func NewRedis(opts RedisOptions, deliver DeliverFunc) (*Redis, error) {
+	opts.applyDefaults()
+	client, cluster, err := opts.newClient()
+	if err != nil {
+		return nil, err
+	}
+	b := &Redis{opts: opts, client: client, cluster: cluster, deliver: deliver, log: opts.Logger}
+	b.up.Store(true)
+	b.local.epoch = newLocalEpoch()
+	b.local.seqs = make(map[string]uint64)
+	b.watch = newWatcher(b)
+	return b, nil
+}
+
+// Key returns the base key of a channel: "<prefix>{<channel>}".
+func (b *Redis) Key(channel string) string { return b.opts.Prefix + "{" + channel + "}" }
+
+// channelOf is the inverse of Key, for shard channel names.
+func (b *Redis) channelOf(key string) (string, bool) {
+	rest, ok := strings.CutPrefix(key, b.opts.Prefix+"{")
+	if !ok || !strings.HasSuffix(rest, "}") {
+		return "", false
+	}
+	return rest[:len(rest)-1], true
+}
+
+// Publish appends the event to the channel's stream and announces it, in
+// one function call.
+func (b *Redis) Publish(ctx context.Context, channel string, msg Message, lim replay.Limits) (replay.Position, error) {
+	if b.closed.Load() {
+		return replay.Position{}, ErrClosed
+	}
+	key := b.Key(channel)
+	lim = redisLimits(lim)
+	args := []any{msg.Type, msg.Data, lim.Count, lim.MaxAge.Milliseconds(), lim.MaxBytes}
+	var reply any
+	var err error
+	if b.opts.WaitReplicas > 0 {
+		reply, err = b.publishAndWait(ctx, key, args)
+	} else {
+		reply, err = b.call(ctx, key, FunctionPublish, false, args...)
+	}
+	if err != nil {
+		if b.opts.FallbackLocal && isUnavailable(err) {
+			return b.local.publish(channel, msg, b.deliver), nil
+		}
+		return replay.Position{}, err
+	}
+	return parsePosition(reply)
+}
+
+// redisLimits fills unset limits with the function's defaults: a Redis
+// history is always bounded.
+func redisLimits(lim replay.Limits) replay.Limits {
+	if lim.Count <= 0 {
+		lim.Count = 1000
+	}
+	if lim.MaxAge <= 0 {
+		lim.MaxAge = 24 * time.Hour
+	}
+	if lim.MaxBytes <= 0 {
+		lim.MaxBytes = 4 << 20
+	}
+	return lim
+}
+
+// publishAndWait publishes and then waits for replicas on the same
+// connection, as WAIT counts the writes of its own connection.
+func (b *Redis) publishAndWait(ctx context.Context, key string, args []any) (any, error) {
+	node, err := b.nodeFor(ctx, key)
+	if err != nil {
+		return nil, b.unavailable(err)
+	}
+	conn := node.Conn()
+	defer conn.Close()
+	reply, err := b.callOn(ctx, conn, node, key, FunctionPublish, false, args...)
+	if err != nil {
+		return nil, err
+	}
+	acked, err := conn.Wait(ctx, b.opts.WaitReplicas, b.opts.WaitTimeout).Result()
+	if err != nil {
+		return nil, b.unavailable(err)
+	}
+	if int(acked) < b.opts.WaitReplicas {
+		b.log.Warn("published event not acknowledged by enough replicas",
+			zap.String("key", key), zap.Int64("acknowledged", acked), zap.Int("wanted", b.opts.WaitReplicas))
+	}
+	return reply, nil
+}
+
+// Read reads a channel's history after a position (or only its head).
+func (b *Redis) Read(ctx context.Context, channel string, after *replay.Position, limit int) (replay.Page, error) {
+	if b.closed.Load() {
+		return replay.Page{}, ErrClosed
+	}
+	page, bad, err := b.read(ctx, b.Key(channel), after, limit)
+	if bad > 0 {
+		b.log.Warn("events with an invalid type or non-UTF-8 data in the history were not sent",
+			zap.String("channel", channel), zap.Int("events", bad))
+	}
+	return page, err
+}
+
+func (b *Redis) read(ctx context.Context, key string, after *replay.Position, limit int) (replay.Page, int, error) {
+	args := []any{limit}
+	if after != nil {
+		args = append(args, after.Epoch, after.Seq, after.Time)
+	}
+	reply, err := b.call(ctx, key, FunctionRead, true, args...)
+	if err != nil {
+		return replay.Page{}, 0, err
+	}
+	return parsePage(reply)
+}
+
+// call runs one of the library's functions on the primary of key, loading
+// the library there first if Redis says it is missing.
+func (b *Redis) call(ctx context.Context, key, function string, readOnly bool, args ...any) (any, error) {
+	if b.scriptsOnly.Load() {
+		reply, err := runScript(ctx, b.client, key, function, readOnly, args...)
+		return reply, b.classify(err)
+	}
+	reply, err := b.fcall(ctx, b.client, key, function, readOnly, args...)
+	if functionsForbidden(err) {
+		b.useScripts(err)
+		reply, err = runScript(ctx, b.client, key, function, readOnly, args...)
+	}
+	if isFunctionMissing(err) {
+		err = b.loadFunctions(ctx, key)
+		switch {
+		case functionsForbidden(err):
+			b.useScripts(err)
+			reply, err = runScript(ctx, b.client, key, function, readOnly, args...)
+		case err == nil:
+			reply, err = b.fcall(ctx, b.client, key, function, readOnly, args...)
+		}
+	}
+	return reply, b.classify(err)
+}
+
+// callOn is call on one connection (for WAIT).
+func (b *Redis) callOn(ctx context.Context, conn *redis.Conn, node *redis.Client, key, function string, readOnly bool, args ...any) (any, error) {
+	if b.scriptsOnly.Load() {
+		reply, err := runScript(ctx, conn, key, function, readOnly, args...)
+		return reply, b.classify(err)
+	}
+	reply, err := b.fcall(ctx, conn, key, function, readOnly, args...)
+	if isFunctionMissing(err) {
+		_, err = node.FunctionLoadReplace(ctx, redisFunctions).Result()
+		switch {
+		case functionsForbidden(err):
+			b.useScripts(err)
+			reply, err = runScript(ctx, conn, key, function, readOnly, args...)
+		case err == nil:
+			reply, err = b.fcall(ctx, conn, key, function, readOnly, args...)
+		}
+	}
+	return reply, b.classify(err)
+}
+
+type fcaller interface {
+	FCall(ctx context.Context, function string, keys []string, args ...any) *redis.Cmd
+	FCallRo(ctx context.Context, function string, keys []string, args ...any) *redis.Cmd
+}
+
+func (b *Redis) fcall(ctx context.Context, c fcaller, key, function string, readOnly bool, args ...any) (any, error) {
+	if readOnly {
+		return c.FCallRo(ctx, function, []string{key}, args...).Result()
+	}
+	return c.FCall(ctx, function, []string{key}, args...).Result()
+}
+
+// loadFunctions loads the library on the primary that serves key (every
+// primary of a cluster loads it the first time it is used there).
+func (b *Redis) loadFunctions(ctx context.Context, key string) error {
+	node, err := b.nodeFor(ctx, key)
+	if err != nil {
+		return err
+	}
+	if _, err := node.FunctionLoadReplace(ctx, redisFunctions).Result(); err != nil {
+		return err
+	}
+	b.log.Info("loaded the sse Redis functions", zap.String("node", node.Options().Addr))
+	return nil
+}
+
+// nodeFor returns the client of the primary that serves key.
+func (b *Redis) nodeFor(ctx context.Context, key string) (*redis.Client, error) {
+	if b.cluster != nil {
+		return b.cluster.MasterForKey(ctx, key)
+	}
+	return b.client.(*redis.Client), nil
+}
+
+func isFunctionMissing(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "Function not found")
+}
+
+// classify tells Redis' answers (a refused call: the error stands) from
+// failures to reach it (ErrUnavailable), and tracks whether Redis is up.
+func (b *Redis) classify(err error) error {
+	if err == nil || errors.Is(err, redis.Nil) {
+		b.setUp(true, nil)
+		return err
+	}
+	if isUnavailable(err) {
+		return b.unavailable(err)
+	}
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		b.setUp(true, nil)
+		if strings.HasPrefix(rerr.Error(), "LOADING") || strings.HasPrefix(rerr.Error(), "CLUSTERDOWN") ||
+			strings.HasPrefix(rerr.Error(), "READONLY") || strings.HasPrefix(rerr.Error(), "MASTERDOWN") ||
+			strings.HasPrefix(rerr.Error(), "TRYAGAIN") {
+			return fmt.Errorf("%w: %v", ErrUnavailable, err)
+		}
+		return err
+	}
+	return b.unavailable(err)
+}
+
+func (b *Redis) unavailable(err error) error {
+	if errors.Is(err, ErrUnavailable) {
+		return err
+	}
+	if errors.Is(err, context.Canceled) {
+		return err
+	}
+	b.setUp(false, err)
+	return fmt.Errorf("%w: %v", ErrUnavailable, err)
+}
+
+// isUnavailable reports whether err is a failure to reach Redis rather than
+// an answer from it.
+func isUnavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, ErrUnavailable) {
+		return true
+	}
+	var rerr redis.Error
+	return !errors.As(err, &rerr) && !errors.Is(err, redis.Nil)
+}
+
+// setUp records whether Redis answers, logging each transition once.
+func (b *Redis) setUp(up bool, err error) {
+	if b.up.Load() == up {
+		return
+	}
+	b.stateMu.Lock()
+	defer b.stateMu.Unlock()
+	if b.up.Swap(up) == up {
+		return
+	}
+	if up {
+		b.log.Info("redis is reachable again")
+		b.watch.recovered()
+	} else {
+		b.log.Error("redis is unreachable", zap.Error(err))
+	}
+}
+
+// Available reports whether Redis answered the last command sent to it.
+func (b *Redis) Available() bool { return b.up.Load() }
+
+// Watch subscribes this instance to the channel's announcements.
+func (b *Redis) Watch(channel string) { b.watch.want(channel, true) }
+
+// Unwatch unsubscribes this instance from the channel.
+func (b *Redis) Unwatch(channel string) { b.watch.want(channel, false) }
+
+// Close stops the watcher and closes the client.
+func (b *Redis) Close() error {
+	if b.closed.Swap(true) {
+		return nil
+	}
+	b.watch.close()
+	for _, f := range b.onClose {
+		f()
+	}
+	return b.client.Close()
+}
+
+// Client returns the go-redis client, for other users of the same Redis
+// (leases, throttles, idempotency keys).
+func (b *Redis) Client() redis.UniversalClient { return b.client }
+
+// Prefix returns the key prefix.
+func (b *Redis) Prefix() string { return b.opts.Prefix }
+
+// localFallback delivers events to this instance alone while Redis is
+// unreachable (fallback local): under an epoch of its own, so any cursor
+// that includes such an event is answered as truncated later.
+type localFallback struct {
+	mu    sync.Mutex
+	epoch uint32
+	seqs  map[string]uint64
+}
+
+func (l *localFallback) publish(channel string, msg Message, deliver DeliverFunc) replay.Position {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.seqs[channel]++
+	pos := replay.Position{Epoch: l.epoch, Seq: l.seqs[channel], Time: time.Now().UnixMilli()}
+	ev, _ := encodeEvent(pos, msg.Type, string(msg.Data))
+	deliver(channel, ev)
+	return pos
+}
+
+func newLocalEpoch() uint32 {
+	for {
+		if e := rand.Uint32(); e != 0 {
+			return e
+		}
+	}
+}

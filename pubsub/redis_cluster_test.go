@@ -1,0 +1,220 @@
+package pubsub
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddy-sse/caddy-sse/internal/redistest"
+	"github.com/caddy-sse/caddy-sse/replay"
+)
+
+// crc16 is Redis Cluster's key hash (CRC-16/XMODEM), to pick channel names
+// that land on given slots.
+func crc16(s string) uint16 {
+	var crc uint16
+	for i := 0; i < len(s); i++ {
+		crc ^= uint16(s[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc
+}
+
+// slotOf is the slot of a channel's keys: its hash tag is the channel.
+func slotOf(channel string) int { return int(crc16(channel)) % 16384 }
+
+// channelInSlot finds a channel name whose keys are in slot.
+func channelInSlot(t *testing.T, slot int) string {
+	t.Helper()
+	for i := range 1_000_000 {
+		name := "ch" + strconv.Itoa(i)
+		if slotOf(name) == slot {
+			return name
+		}
+	}
+	t.Fatalf("no channel name for slot %d", slot)
+	return ""
+}
+
+func TestRedisClusterFanOutAndReplay(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	opts := RedisOptions{Addrs: cluster.Addrs()}
+	pub, _ := newRedisHub(t, opts)
+	sub, _ := newRedisHub(t, opts)
+	// one channel on each primary's slot range
+	channels := []string{channelInSlot(t, 100), channelInSlot(t, 8000), channelInSlot(t, 16000)}
+	owners := map[string]bool{}
+	for _, c := range channels {
+		owners[cluster.NodeOfSlot(t, slotOf(c)).Addr()] = true
+	}
+	if len(owners) != 3 {
+		t.Fatalf("channels on %d primaries, want 3", len(owners))
+	}
+	rec := newRedisRecorder()
+	defer sub.Subscribe(rec, channels).Close()
+	for _, c := range channels {
+		waitSubscribed(t, cluster.NodeOfSlot(t, slotOf(c)), "sse:{"+c+"}", 1)
+	}
+	for i := range 10 {
+		for _, c := range channels {
+			publishTo(t, pub, c, fmt.Sprint(c, "-", i))
+		}
+	}
+	for slot := range channels {
+		got := rec.waitFor(t, slot, 10)
+		assertContiguous(t, got, 1)
+		page, err := sub.Read(context.Background(), channels[slot], &got[4].Pos, 100)
+		if err != nil || page.Truncated || len(page.Events) != 5 || page.Events[0].Pos != got[5].Pos {
+			t.Fatalf("replay of %s after its 5th event: %+v %v", channels[slot], page, err)
+		}
+	}
+}
+
+// A slot moves to another primary (redis-cli --cluster reshard) while its
+// channel is published to: every published event is delivered, in order,
+// exactly once, and the channel is subscribed where it lives now.
+func TestRedisClusterReshardLosesNothing(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	opts := RedisOptions{Addrs: cluster.Addrs(), CheckInterval: 300 * time.Millisecond}
+	pub, _ := newRedisHub(t, opts)
+	sub, _ := newRedisHub(t, opts)
+
+	from := cluster.NodeOfSlot(t, 5461)
+	// the source hands over its lowest slots first: pick a channel there
+	first := cluster.FirstSlotOf(t, from)
+	channel := channelInSlot(t, first)
+	var to *redistest.Server
+	for _, n := range cluster.Nodes {
+		if n != from {
+			to = n
+			break
+		}
+	}
+	rec := newRedisRecorder()
+	defer sub.Subscribe(rec, []string{channel}).Close()
+	waitSubscribed(t, from, "sse:{"+channel+"}", 1)
+
+	var published []replay.Position
+	var mu sync.Mutex
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			pos, err := pub.Publish(context.Background(), channel, Message{Data: []byte(fmt.Sprint(i))}, replay.Limits{Count: 10000, MaxAge: time.Hour, MaxBytes: 16 << 20})
+			if err != nil {
+				time.Sleep(5 * time.Millisecond) // a refused publish is retried by its backend
+				continue
+			}
+			mu.Lock()
+			published = append(published, pos)
+			mu.Unlock()
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	time.Sleep(200 * time.Millisecond)
+	out, err := redistest.CLI(from.Port, "--cluster", "reshard", from.Addr(),
+		"--cluster-from", from.NodeID(), "--cluster-to", to.NodeID(), "--cluster-slots", "50", "--cluster-yes")
+	if err != nil {
+		t.Fatalf("reshard: %v\n%s", err, out)
+	}
+	cluster.WaitOK(t)
+	if owner := cluster.NodeOfSlot(t, first); owner != to {
+		t.Fatalf("slot %d is on %s after the reshard, want %s", first, owner.Addr(), to.Addr())
+	}
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	<-done
+	mu.Lock()
+	n := len(published)
+	mu.Unlock()
+	if n < 50 {
+		t.Fatalf("only %d events published", n)
+	}
+	got := rec.waitFor(t, 0, n)
+	assertContiguous(t, got, 1)
+	if len(got) != n {
+		t.Fatalf("%d delivered, %d published", len(got), n)
+	}
+	waitSubscribed(t, to, "sse:{"+channel+"}", 1)
+	if out, _ := from.CLI("PUBSUB", "SHARDNUMSUB", "sse:{"+channel+"}"); !strings.HasSuffix(out, "0") {
+		t.Fatalf("still subscribed on the old primary: %q", out)
+	}
+}
+
+// Sentinel fails the primary over while events are published: streams
+// continue on the new primary; a position lost in the failover is answered
+// as truncated, never skipped.
+func TestRedisSentinelFailover(t *testing.T) {
+	s := redistest.StartSentinel(t)
+	opts := RedisOptions{Addrs: []string{s.Sentinel.Addr()}, MasterName: s.Master, CheckInterval: 300 * time.Millisecond,
+		DialTimeout: 300 * time.Millisecond, ReadTimeout: time.Second, WriteTimeout: time.Second}
+	pub, _ := newRedisHub(t, opts)
+	sub, _ := newRedisHub(t, opts)
+	rec := newRedisRecorder()
+	defer sub.Subscribe(rec, []string{"f"}).Close()
+	waitSubscribed(t, s.Primary, "sse:{f}", 1)
+	before := publishTo(t, pub, "f", "before")
+	rec.waitFor(t, 0, 1)
+	waitReplicated(t, s.Replica, "sse:{f}:s", 1)
+
+	s.Primary.Kill()
+	deadline := time.Now().Add(30 * time.Second)
+	for s.MasterPort(t) != s.Replica.Port {
+		if time.Now().After(deadline) {
+			t.Fatal("sentinel did not fail over")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var after replay.Position
+	for {
+		pos, err := pub.Publish(context.Background(), "f", Message{Data: []byte("after")}, testLimits)
+		if err == nil {
+			after = pos
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no publish succeeded after the failover: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	got := rec.waitFor(t, 0, 2)
+	if got[1].Pos != after || after.Epoch != before.Epoch || after.Seq != before.Seq+1 {
+		t.Fatalf("after the failover: delivered %+v, published %+v, before %+v", got[1].Pos, after, before)
+	}
+	// a position the new primary never had (lost in the failover) is truncated
+	lost := after
+	lost.Seq++
+	lost.Time--
+	page, err := sub.Read(context.Background(), "f", &lost, 10)
+	if err != nil || !page.Truncated {
+		t.Fatalf("a lost position must be truncated: %+v %v", page, err)
+	}
+}
+
+func waitReplicated(t *testing.T, replica *redistest.Server, key string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(redisWait)
+	for time.Now().Before(deadline) {
+		if out, _ := replica.CLI("XLEN", key); out == strconv.Itoa(n) {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s did not reach the replica", key)
+}

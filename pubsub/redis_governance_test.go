@@ -1,0 +1,143 @@
+package pubsub
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddy-sse/caddy-sse/internal/redistest"
+	"github.com/caddy-sse/caddy-sse/replay"
+)
+
+func newTestRedis(t *testing.T, srv *redistest.Server) *Redis {
+	t.Helper()
+	b, err := NewRedis(RedisOptions{Addrs: []string{srv.Addr()}}, func(string, *replay.Event) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+// Two instances race 20 connects for a cap of 2: exactly 2 win.
+func TestRedisLeasesCapAcrossInstances(t *testing.T) {
+	srv := redistest.Start(t)
+	a, b := NewRedisLeases(newTestRedis(t, srv)), NewRedisLeases(newTestRedis(t, srv))
+	defer a.Close()
+	defer b.Close()
+	var won atomic.Int32
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			leases := a
+			if i%2 == 1 {
+				leases = b
+			}
+			_, err := leases.Acquire(context.Background(), "wallet-1", 2, 5*time.Second)
+			switch {
+			case err == nil:
+				won.Add(1)
+			case !errors.Is(err, ErrLimitReached):
+				t.Errorf("acquire: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	if won.Load() != 2 {
+		t.Fatalf("%d leases granted for a cap of 2", won.Load())
+	}
+	counts, err := a.Counts(context.Background(), []string{"wallet-1", "nobody"})
+	if err != nil || counts["wallet-1"] != 2 || counts["nobody"] != 0 {
+		t.Fatalf("counts %v %v", counts, err)
+	}
+}
+
+func TestRedisLeaseReleaseAndLapse(t *testing.T) {
+	srv := redistest.Start(t)
+	a := NewRedisLeases(newTestRedis(t, srv))
+	defer a.Close()
+	l, err := a.Acquire(context.Background(), "p", 1, 600*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Release()
+	waitLease(t, a, "p", 1) // released in the background: the slot frees up
+
+	// an instance that dies without releasing: its lease lapses within ttl,
+	// while a living instance's lease is renewed beyond its ttl
+	dead := NewRedisLeases(newTestRedis(t, srv))
+	if _, err := dead.Acquire(context.Background(), "q", 2, 600*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	close(dead.stop) // stop renewing, release nothing: as if killed
+	if _, err := a.Acquire(context.Background(), "q", 2, 600*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Acquire(context.Background(), "q", 2, 600*time.Millisecond); !errors.Is(err, ErrLimitReached) {
+		t.Fatalf("third lease for a cap of 2: %v", err)
+	}
+	waitLease(t, a, "q", 2) // the dead one lapses; a's own is renewed
+	counts, _ := a.Counts(context.Background(), []string{"q"})
+	if counts["q"] != 2 {
+		t.Fatalf("after the lapse q holds %d leases, want 2 (the living instance's are renewed)", counts["q"])
+	}
+}
+
+// waitLease waits until a lease for principal can be taken with limit.
+func waitLease(t *testing.T, r *RedisLeases, principal string, limit int) {
+	t.Helper()
+	deadline := time.Now().Add(redisWait)
+	for time.Now().Before(deadline) {
+		if _, err := r.Acquire(context.Background(), principal, limit, 600*time.Millisecond); err == nil {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("no lease for %s within the deadline", principal)
+}
+
+func TestRedisThrottlesAcrossInstances(t *testing.T) {
+	srv := redistest.Start(t)
+	a, b := NewRedisThrottles(newTestRedis(t, srv)), NewRedisThrottles(newTestRedis(t, srv))
+	ctx := context.Background()
+	if err := a.Throttle(ctx, "user|1.2.3.4", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	_ = a.Throttle(ctx, "user|1.2.3.4", time.Second) // a shorter one keeps the longer
+	left, err := b.Remaining(ctx, "user|1.2.3.4")
+	if err != nil || left < 50*time.Second || left > time.Minute {
+		t.Fatalf("remaining on the other instance: %v %v", left, err)
+	}
+	if left, _ := b.Remaining(ctx, "other"); left != 0 {
+		t.Fatalf("an unthrottled key has %v left", left)
+	}
+}
+
+func TestRedisIdempotencyAcrossInstances(t *testing.T) {
+	srv := redistest.Start(t)
+	a, b := NewRedisIdempotency(newTestRedis(t, srv)), NewRedisIdempotency(newTestRedis(t, srv))
+	ctx := context.Background()
+	var runs atomic.Int32
+	publish := func() ([]byte, error) { runs.Add(1); return []byte(`{"ids":{"a":"x"}}`), nil }
+	r1, replayed1, err1 := a.Do(ctx, "k", "fp", publish)
+	r2, replayed2, err2 := b.Do(ctx, "k", "fp", publish)
+	if err1 != nil || err2 != nil || replayed1 || !replayed2 || string(r1) != string(r2) || runs.Load() != 1 {
+		t.Fatalf("first %s %v %v, retry elsewhere %s %v %v, runs %d", r1, replayed1, err1, r2, replayed2, err2, runs.Load())
+	}
+	if _, _, err := b.Do(ctx, "k", "other", publish); !errors.Is(err, ErrKeyReused) {
+		t.Fatalf("reuse with another request: %v", err)
+	}
+	// a failed publish is forgotten: the retry publishes
+	fail := func() ([]byte, error) { return nil, errors.New("boom") }
+	if _, _, err := a.Do(ctx, "k2", "fp", fail); err == nil {
+		t.Fatal("expected the failure")
+	}
+	if _, replayed, err := b.Do(ctx, "k2", "fp", publish); err != nil || replayed {
+		t.Fatalf("retry after a failure: replayed %v %v", replayed, err)
+	}
+}

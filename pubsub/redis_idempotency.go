@@ -1,0 +1,116 @@
+package pubsub
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+)
+
+// IdempotencyStore runs a publish once per Idempotency-Key (SPEC S6).
+type IdempotencyStore interface {
+	Do(ctx context.Context, key, fingerprint string, publish func() ([]byte, error)) (reply []byte, replayed bool, err error)
+}
+
+// RedisIdempotency keeps Idempotency-Key replies in Redis, so that a retry
+// that a load balancer sends to another instance still gets the first
+// reply. The key "<prefix>idem:{<key>}" holds "p:<fingerprint>" while the
+// first request publishes (for at most idemPendingTTL, in case its instance
+// dies), then "d:<fingerprint>:<reply>" for IdempotencyTTL. While Redis is
+// unreachable it falls back to this instance's memory (logged): publishing
+// then fails anyway unless fallback local is on.
+type RedisIdempotency struct {
+	b     *Redis
+	local *Idempotency
+}
+
+const (
+	idemPendingTTL = 30 * time.Second
+	idemPoll       = 20 * time.Millisecond
+)
+
+// releaseIfPending deletes a pending claim that is still ours.
+var releaseIfPending = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0`)
+
+// NewRedisIdempotency returns a store in b's Redis.
+func NewRedisIdempotency(b *Redis) *RedisIdempotency {
+	return &RedisIdempotency{b: b, local: NewIdempotency()}
+}
+
+// Do publishes once per key across every instance sharing the Redis.
+func (r *RedisIdempotency) Do(ctx context.Context, key, fingerprint string, publish func() ([]byte, error)) ([]byte, bool, error) {
+	rkey := r.b.opts.Prefix + "idem:{" + key + "}"
+	pending := "p:" + fingerprint
+	for {
+		claimed, err := r.b.client.SetNX(ctx, rkey, pending, idemPendingTTL).Result()
+		if err != nil {
+			if isUnavailable(err) {
+				r.b.log.Warn("idempotency keys fall back to this instance: redis is unreachable", zap.Error(err))
+				return r.local.Do(ctx, key, fingerprint, publish)
+			}
+			return nil, false, err
+		}
+		if claimed {
+			return r.publishClaimed(ctx, rkey, pending, fingerprint, publish)
+		}
+		reply, done, err := r.lookup(ctx, rkey, fingerprint)
+		if err != nil || done {
+			return reply, done, err
+		}
+		select { // another request is publishing with this key: wait for it
+		case <-time.After(idemPoll):
+		case <-ctx.Done():
+			return nil, false, ctx.Err()
+		}
+	}
+}
+
+func (r *RedisIdempotency) publishClaimed(ctx context.Context, rkey, pending, fingerprint string, publish func() ([]byte, error)) (reply []byte, replayed bool, err error) {
+	settled := false
+	defer func() {
+		if !settled { // failed or panicked: let a retry publish
+			_ = releaseIfPending.Run(context.WithoutCancel(ctx), r.b.client, []string{rkey}, pending).Err()
+		}
+	}()
+	reply, err = publish()
+	if err != nil {
+		return nil, false, err
+	}
+	if err := r.b.client.Set(context.WithoutCancel(ctx), rkey, "d:"+fingerprint+":"+string(reply), IdempotencyTTL).Err(); err != nil {
+		r.b.log.Warn("could not keep an idempotency reply", zap.Error(err))
+	}
+	settled = true
+	return reply, false, nil
+}
+
+// lookup reads a key's state: the reply if it is done, ErrKeyReused if it
+// belongs to another request.
+func (r *RedisIdempotency) lookup(ctx context.Context, rkey, fingerprint string) ([]byte, bool, error) {
+	val, err := r.b.client.Get(ctx, rkey).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil, false, nil // gone meanwhile: claim again
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	state, rest, _ := strings.Cut(val, ":")
+	fp, reply, _ := strings.Cut(rest, ":")
+	if fp != fingerprint {
+		return nil, false, ErrKeyReused
+	}
+	if state == "d" {
+		return []byte(reply), true, nil
+	}
+	return nil, false, nil
+}
+
+// Interface guards
+var (
+	_ IdempotencyStore = (*RedisIdempotency)(nil)
+	_ IdempotencyStore = (*Idempotency)(nil)
+)

@@ -1,0 +1,231 @@
+package pubsub
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+)
+
+// RedisLeases cap a principal's streams across every instance sharing the
+// Redis (SPEC S10). A principal's leases are the members of the sorted set
+// "<prefix>lease:{<principal>}", scored by when they lapse. Acquire is one
+// script: drop the lapsed members, count, add if under the limit. Each
+// instance renews all of its leases in one batch every third of their ttl
+// (never from stream traffic), so the leases of an instance that dies lapse
+// within ttl. Releases are batched in the background, so Release never
+// blocks a stream.
+type RedisLeases struct {
+	b        *Redis
+	instance string
+	seq      atomic.Uint64
+
+	mu       sync.Mutex
+	held     map[*redisLease]struct{}
+	released []*redisLease
+	ttl      time.Duration // the longest ttl asked for: the renewal period
+	running  bool
+	wake     chan struct{}
+	stop     chan struct{}
+	done     chan struct{}
+	closed   bool
+}
+
+type redisLease struct {
+	of        *RedisLeases
+	key       string
+	member    string
+	ttl       time.Duration
+	principal string
+	once      sync.Once
+}
+
+var acquireLease = redis.NewScript(`
+local now = tonumber(ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local limit = tonumber(ARGV[2])
+if limit > 0 and redis.call('ZCARD', KEYS[1]) >= limit then return 0 end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[4])
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) * 2)
+return 1`)
+
+// NewRedisLeases returns leases in b's Redis.
+func NewRedisLeases(b *Redis) *RedisLeases {
+	return &RedisLeases{
+		b:        b,
+		instance: strconv.FormatUint(rand.Uint64(), 36),
+		held:     make(map[*redisLease]struct{}),
+		wake:     make(chan struct{}, 1),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+}
+
+func (r *RedisLeases) key(principal string) string {
+	return r.b.opts.Prefix + "lease:{" + principal + "}"
+}
+
+// Acquire takes a lease for principal unless its streams across every
+// instance already hold limit. An unreachable Redis returns ErrUnavailable:
+// the caller decides to fail open.
+func (r *RedisLeases) Acquire(ctx context.Context, principal string, limit int, ttl time.Duration) (Lease, error) {
+	if ttl <= 0 {
+		ttl = 15 * time.Second
+	}
+	l := &redisLease{of: r, key: r.key(principal), principal: principal, ttl: ttl,
+		member: r.instance + ":" + strconv.FormatUint(r.seq.Add(1), 36)}
+	ok, err := acquireLease.Run(ctx, r.b.client, []string{l.key},
+		time.Now().UnixMilli(), limit, ttl.Milliseconds(), l.member).Int()
+	if err != nil {
+		return nil, r.b.classify(err)
+	}
+	if ok == 0 {
+		return nil, ErrLimitReached
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil, ErrClosed
+	}
+	r.held[l] = struct{}{}
+	if ttl > r.ttl {
+		r.ttl = ttl
+	}
+	if !r.running {
+		r.running = true
+		go r.maintain()
+	}
+	return l, nil
+}
+
+// Release gives the lease back (in the background).
+func (l *redisLease) Release() {
+	l.once.Do(func() {
+		r := l.of
+		r.mu.Lock()
+		delete(r.held, l)
+		r.released = append(r.released, l)
+		r.mu.Unlock()
+		select {
+		case r.wake <- struct{}{}:
+		default:
+		}
+	})
+}
+
+// maintain renews the held leases every third of their ttl and removes the
+// released ones as they come.
+func (r *RedisLeases) maintain() {
+	defer close(r.done)
+	for {
+		r.mu.Lock()
+		period := r.ttl / 3
+		r.mu.Unlock()
+		select {
+		case <-time.After(period):
+			r.renew()
+		case <-r.wake:
+		case <-r.stop:
+			r.flushReleases()
+			return
+		}
+		r.flushReleases()
+	}
+}
+
+func (r *RedisLeases) renew() {
+	r.mu.Lock()
+	leases := make([]*redisLease, 0, len(r.held))
+	for l := range r.held {
+		leases = append(leases, l)
+	}
+	r.mu.Unlock()
+	if len(leases) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	now := time.Now().UnixMilli()
+	pipe := r.b.client.Pipeline()
+	for _, l := range leases {
+		pipe.ZAddXX(ctx, l.key, redis.Z{Score: float64(now + l.ttl.Milliseconds()), Member: l.member})
+		pipe.PExpire(ctx, l.key, 2*l.ttl)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		r.b.log.Debug("renewing connection leases failed", zap.Int("leases", len(leases)), zap.Error(err))
+		r.b.classify(err)
+	}
+}
+
+func (r *RedisLeases) flushReleases() {
+	r.mu.Lock()
+	released := r.released
+	r.released = nil
+	r.mu.Unlock()
+	if len(released) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pipe := r.b.client.Pipeline()
+	for _, l := range released {
+		pipe.ZRem(ctx, l.key, l.member)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		// they lapse within their ttl anyway
+		r.b.log.Debug("releasing connection leases failed", zap.Int("leases", len(released)), zap.Error(err))
+	}
+}
+
+// Counts returns how many live leases each principal holds across every
+// instance.
+func (r *RedisLeases) Counts(ctx context.Context, principals []string) (map[string]int, error) {
+	now := strconv.FormatInt(time.Now().UnixMilli(), 10)
+	pipe := r.b.client.Pipeline()
+	cmds := make([]*redis.IntCmd, len(principals))
+	for i, p := range principals {
+		cmds[i] = pipe.ZCount(ctx, r.key(p), "("+now, "+inf")
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("counting leases: %w", r.b.classify(err))
+	}
+	out := make(map[string]int, len(principals))
+	for i, p := range principals {
+		out[p] = int(cmds[i].Val())
+	}
+	return out, nil
+}
+
+// Close releases every lease and stops the renewals.
+func (r *RedisLeases) Close() {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return
+	}
+	r.closed = true
+	for l := range r.held {
+		r.released = append(r.released, l)
+	}
+	r.held = map[*redisLease]struct{}{}
+	running := r.running
+	r.mu.Unlock()
+	close(r.stop)
+	if running {
+		<-r.done
+	} else {
+		r.flushReleases()
+	}
+}
+
+// Interface guards
+var (
+	_ Leases       = (*RedisLeases)(nil)
+	_ LeaseCounter = (*RedisLeases)(nil)
+)

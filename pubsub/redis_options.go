@@ -1,0 +1,118 @@
+package pubsub
+
+import (
+	"crypto/tls"
+	"errors"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+)
+
+// RedisOptions configure the Redis broker. The zero values of the tuning
+// fields keep go-redis' defaults.
+type RedisOptions struct {
+	// Addrs are the Redis servers: one for a single server, the seed nodes of
+	// a cluster, or the Sentinels when MasterName is set.
+	Addrs []string
+	// Cluster forces cluster mode for a single configuration endpoint;
+	// several Addrs without MasterName imply it.
+	Cluster bool
+	// MasterName is the Sentinel master name; Addrs are then Sentinels.
+	MasterName string
+	Username   string
+	Password   string
+	DB         int
+	TLS        *tls.Config
+	// Prefix starts every key and shard channel ("sse:" if empty).
+	Prefix string
+	// WaitReplicas makes a publish wait until that many replicas have the
+	// event (Redis WAIT), for at most WaitTimeout.
+	WaitReplicas int
+	WaitTimeout  time.Duration
+
+	PoolSize        int
+	DialTimeout     time.Duration
+	ReadTimeout     time.Duration
+	WriteTimeout    time.Duration
+	MaxRetries      int
+	MinRetryBackoff time.Duration
+	MaxRetryBackoff time.Duration
+
+	// CheckInterval is how often each watched channel's head is compared
+	// with what was delivered, to repair a lost notification on a quiet
+	// channel, and how often idle pub/sub connections are pinged.
+	CheckInterval time.Duration
+	// RepairLimit is the most events fetched to repair one gap.
+	RepairLimit int
+	// FallbackLocal delivers events to this instance when Redis cannot be
+	// reached, under a local epoch (see SPEC S9), instead of failing.
+	FallbackLocal bool
+
+	Logger *zap.Logger
+}
+
+// Defaults of RedisOptions.
+const (
+	DefaultRedisPrefix   = "sse:"
+	DefaultCheckInterval = 5 * time.Second
+	DefaultRepairLimit   = 10000
+)
+
+func (o *RedisOptions) applyDefaults() {
+	if o.Prefix == "" {
+		o.Prefix = DefaultRedisPrefix
+	}
+	if o.CheckInterval <= 0 {
+		o.CheckInterval = DefaultCheckInterval
+	}
+	if o.RepairLimit <= 0 {
+		o.RepairLimit = DefaultRepairLimit
+	}
+	if o.WaitReplicas > 0 && o.WaitTimeout <= 0 {
+		o.WaitTimeout = time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+}
+
+// isCluster tells whether the options describe a Redis Cluster.
+func (o *RedisOptions) isCluster() bool {
+	return o.MasterName == "" && (o.Cluster || len(o.Addrs) > 1)
+}
+
+// newClient builds the go-redis client; it does not connect.
+func (o *RedisOptions) newClient() (redis.UniversalClient, *redis.ClusterClient, error) {
+	if len(o.Addrs) == 0 {
+		return nil, nil, errors.New("redis: no address")
+	}
+	switch {
+	case o.MasterName != "":
+		return redis.NewFailoverClient(&redis.FailoverOptions{
+			MasterName: o.MasterName, SentinelAddrs: o.Addrs,
+			Username: o.Username, Password: o.Password, DB: o.DB, TLSConfig: o.TLS,
+			PoolSize: o.PoolSize, DialTimeout: o.DialTimeout, ReadTimeout: o.ReadTimeout,
+			WriteTimeout: o.WriteTimeout, MaxRetries: o.MaxRetries,
+			MinRetryBackoff: o.MinRetryBackoff, MaxRetryBackoff: o.MaxRetryBackoff,
+		}), nil, nil
+	case o.isCluster():
+		if o.DB != 0 {
+			return nil, nil, errors.New("redis: a cluster has no database other than 0")
+		}
+		c := redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs: o.Addrs, Username: o.Username, Password: o.Password, TLSConfig: o.TLS,
+			PoolSize: o.PoolSize, DialTimeout: o.DialTimeout, ReadTimeout: o.ReadTimeout,
+			WriteTimeout: o.WriteTimeout, MaxRetries: o.MaxRetries,
+			MinRetryBackoff: o.MinRetryBackoff, MaxRetryBackoff: o.MaxRetryBackoff,
+		})
+		return c, c, nil
+	default:
+		return redis.NewClient(&redis.Options{
+			Addr: o.Addrs[0], Username: o.Username, Password: o.Password, DB: o.DB, TLSConfig: o.TLS,
+			PoolSize: o.PoolSize, DialTimeout: o.DialTimeout, ReadTimeout: o.ReadTimeout,
+			WriteTimeout: o.WriteTimeout, MaxRetries: o.MaxRetries,
+			MinRetryBackoff: o.MinRetryBackoff, MaxRetryBackoff: o.MaxRetryBackoff,
+		}), nil, nil
+	}
+}

@@ -1,0 +1,66 @@
+package pubsub
+
+import (
+	"context"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+)
+
+// Some Redis deployments forbid functions (ACLs without FUNCTION, managed
+// services). The same code then runs as plain scripts (EVALSHA, and EVAL
+// when Redis does not know the script yet): evalScript derives each one from
+// the function library, so there is one source of truth. The derived
+// scripts are also committed as redis_eval_*.lua for backends that publish
+// with EVAL (a test keeps them in step with redis.lua).
+
+// evalScript turns the library into a script that runs one of its
+// functions with EVAL's KEYS and ARGV.
+func evalScript(function string) string {
+	var b strings.Builder
+	b.WriteString("-- generated from redis.lua by caddy-sse (see redis_scripts.go); do not edit\n")
+	for line := range strings.SplitSeq(redisFunctions, "\n") {
+		if strings.HasPrefix(line, "#!lua") || strings.HasPrefix(line, "redis.register_function") {
+			continue
+		}
+		b.WriteString(line)
+		b.WriteByte('\n')
+	}
+	callback := map[string]string{FunctionPublish: "publish", FunctionRead: "read"}[function]
+	b.WriteString("return " + callback + "(KEYS, ARGV)\n")
+	return b.String()
+}
+
+var scripts = map[string]*redis.Script{
+	FunctionPublish: redis.NewScript(evalScript(FunctionPublish)),
+	FunctionRead:    redis.NewScript(evalScript(FunctionRead)),
+}
+
+// runScript runs a function's script form (EVALSHA, or EVAL if Redis does
+// not have it cached).
+func runScript(ctx context.Context, c redis.Scripter, key, function string, readOnly bool, args ...any) (any, error) {
+	s := scripts[function]
+	if readOnly {
+		return s.RunRO(ctx, c, []string{key}, args...).Result()
+	}
+	return s.Run(ctx, c, []string{key}, args...).Result()
+}
+
+// functionsForbidden reports whether Redis refused to load functions (as
+// opposed to being unreachable).
+func functionsForbidden(err error) bool {
+	if err == nil {
+		return false
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "NOPERM") || strings.Contains(msg, "unknown command") ||
+		strings.Contains(msg, "not allowed")
+}
+
+// useScripts switches the broker to scripts for good, once.
+func (b *Redis) useScripts(err error) {
+	if !b.scriptsOnly.Swap(true) {
+		b.log.Warn("redis refuses functions; using EVALSHA scripts instead (direct publishers must use EVAL too)", zap.Error(err))
+	}
+}

@@ -1,0 +1,52 @@
+package pubsub
+
+import (
+	"context"
+	"os"
+	"testing"
+
+	"github.com/caddy-sse/caddy-sse/internal/redistest"
+)
+
+// The committed EVAL scripts are what evalScript derives from redis.lua;
+// regenerate them with UPDATE_EVAL_SCRIPTS=1 go test ./pubsub/ -run EvalScriptsAreCurrent.
+func TestEvalScriptsAreCurrent(t *testing.T) {
+	for file, function := range map[string]string{
+		"redis_eval_publish.lua": FunctionPublish,
+		"redis_eval_read.lua":    FunctionRead,
+	} {
+		want := evalScript(function)
+		if os.Getenv("UPDATE_EVAL_SCRIPTS") != "" {
+			if err := os.WriteFile(file, []byte(want), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, err := os.ReadFile(file)
+		if err != nil || string(got) != want {
+			t.Fatalf("%s is not what redis.lua gives; run UPDATE_EVAL_SCRIPTS=1 go test ./pubsub/ -run EvalScriptsAreCurrent", file)
+		}
+	}
+}
+
+// Where functions are forbidden, the broker runs the same code as scripts,
+// and a backend can publish with EVAL.
+func TestRedisWithoutFunctions(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.MustCLI("ACL", "SETUSER", "nofunc", "on", ">pw", "~*", "&*", "+@all", "-function", "-fcall", "-fcall_ro")
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, Username: "nofunc", Password: "pw"})
+	rec := newRedisRecorder()
+	defer hub.Subscribe(rec, []string{"s"}).Close()
+	waitSubscribed(t, srv, broker.Key("s"), 1)
+	first := publishTo(t, hub, "s", "via script")
+	script, err := os.ReadFile("redis_eval_publish.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.MustCLI("EVAL", string(script), "1", "sse:{s}", "t", "via EVAL")
+	got := rec.waitFor(t, 0, 2)
+	assertContiguous(t, got, first.Seq)
+	page, err := hub.Read(context.Background(), "s", &first, 10)
+	if err != nil || len(page.Events) != 1 || dataOf(page.Events[0]) != "via EVAL" {
+		t.Fatalf("read: %+v %v", page, err)
+	}
+}

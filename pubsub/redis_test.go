@@ -1,0 +1,421 @@
+package pubsub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddy-sse/caddy-sse/internal/redistest"
+	"github.com/caddy-sse/caddy-sse/replay"
+)
+
+const redisWait = 15 * time.Second
+
+var testLimits = replay.Limits{Count: 100, MaxAge: time.Hour, MaxBytes: 1 << 20}
+
+func newRedisHub(t *testing.T, opts RedisOptions) (*Hub, *Redis) {
+	t.Helper()
+	if opts.CheckInterval == 0 {
+		opts.CheckInterval = 500 * time.Millisecond
+	}
+	var broker *Redis
+	hub := NewHub(func(d DeliverFunc) Broker {
+		b, err := NewRedis(opts, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		broker = b
+		return b
+	})
+	t.Cleanup(func() { _ = hub.Close() })
+	return hub, broker
+}
+
+// redisRecorder is a subscriber that keeps what it receives, per slot.
+type redisRecorder struct {
+	mu     sync.Mutex
+	events map[int][]*replay.Event
+	signal chan struct{}
+}
+
+func newRedisRecorder() *redisRecorder {
+	return &redisRecorder{events: map[int][]*replay.Event{}, signal: make(chan struct{}, 1)}
+}
+
+func (r *redisRecorder) Deliver(slot int, ev *replay.Event) {
+	r.mu.Lock()
+	r.events[slot] = append(r.events[slot], ev)
+	r.mu.Unlock()
+	select {
+	case r.signal <- struct{}{}:
+	default:
+	}
+}
+
+// waitFor waits until slot has at least n events and returns them.
+func (r *redisRecorder) waitFor(t *testing.T, slot, n int) []*replay.Event {
+	t.Helper()
+	deadline := time.After(redisWait)
+	for {
+		r.mu.Lock()
+		got := append([]*replay.Event(nil), r.events[slot]...)
+		r.mu.Unlock()
+		if len(got) >= n {
+			return got
+		}
+		select {
+		case <-r.signal:
+		case <-deadline:
+			t.Fatalf("slot %d: %d events within the deadline, want %d", slot, len(got), n)
+		}
+	}
+}
+
+// assertContiguous checks that events are one history's seqs from..from+n-1.
+func assertContiguous(t *testing.T, events []*replay.Event, from uint64) {
+	t.Helper()
+	for i, ev := range events {
+		if ev.Pos.Seq != from+uint64(i) || ev.Pos.Epoch != events[0].Pos.Epoch {
+			t.Fatalf("event %d has position %+v, want seq %d in one epoch (gap, duplicate or disorder)", i, ev.Pos, from+uint64(i))
+		}
+	}
+}
+
+func dataOf(ev *replay.Event) string {
+	s := string(ev.Frame)
+	i := strings.Index(s, "data: ")
+	if i < 0 {
+		return ""
+	}
+	return strings.TrimSuffix(s[i+len("data: "):], "\n")
+}
+
+func publishTo(t *testing.T, hub *Hub, channel, data string) replay.Position {
+	t.Helper()
+	pos, err := hub.Publish(context.Background(), channel, Message{Type: "t", Data: []byte(data)}, testLimits)
+	if err != nil {
+		t.Fatalf("publish %s: %v", data, err)
+	}
+	return pos
+}
+
+// waitSubscribed waits until Redis has n subscribers of the channel's
+// shard channel (the watcher subscribes asynchronously).
+func waitSubscribed(t *testing.T, srv *redistest.Server, key string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(redisWait)
+	for time.Now().Before(deadline) {
+		out, _ := srv.CLI("PUBSUB", "SHARDNUMSUB", key)
+		fields := strings.Fields(out)
+		if len(fields) == 2 && fields[1] == strconv.Itoa(n) {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	out, _ := srv.CLI("PUBSUB", "SHARDNUMSUB", key)
+	t.Fatalf("shard channel %s: want %d subscribers, have %q", key, n, out)
+}
+
+func TestRedisPublishReachesOtherInstance(t *testing.T) {
+	srv := redistest.Start(t)
+	a, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	b, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	rec := newRedisRecorder()
+	defer b.Subscribe(rec, []string{"orders"}).Close()
+	waitSubscribed(t, srv, broker.Key("orders"), 1)
+
+	var sent []replay.Position
+	for i := range 5 {
+		sent = append(sent, publishTo(t, a, "orders", fmt.Sprint("o", i)))
+	}
+	got := rec.waitFor(t, 0, 5)
+	assertContiguous(t, got, 1)
+	for i, ev := range got {
+		if ev.Pos != sent[i] || dataOf(ev) != fmt.Sprint("o", i) {
+			t.Fatalf("event %d: %+v %q, want %+v o%d (ids must be the same on every instance)", i, ev.Pos, dataOf(ev), sent[i], i)
+		}
+	}
+}
+
+func TestRedisReadFollowsReplayRules(t *testing.T) {
+	srv := redistest.Start(t)
+	hub, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	ctx := context.Background()
+	lim := replay.Limits{Count: 10, MaxAge: time.Hour, MaxBytes: 1 << 20}
+	var pos []replay.Position
+	for i := 1; i <= 15; i++ { // seqs 1..15, history keeps 6..15
+		p, err := hub.Publish(ctx, "c", Message{Data: []byte(fmt.Sprint(i))}, lim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pos = append(pos, p)
+	}
+	at := func(seq int) *replay.Position { p := pos[seq-1]; return &p }
+	other := *at(12)
+	other.Time++
+	future := *at(15)
+	future.Seq = 16
+	wrongEpoch := *at(12)
+	wrongEpoch.Epoch++
+	cases := []struct {
+		name      string
+		after     *replay.Position
+		limit     int
+		first     uint64
+		n         int
+		truncated bool
+	}{
+		{"head only", nil, 5, 0, 0, false},
+		{"within the limit", at(12), 5, 13, 3, false},
+		{"exactly the limit", at(10), 5, 11, 5, false},
+		{"beyond the limit", at(9), 5, 11, 5, true},
+		{"at the head", at(15), 5, 0, 0, false},
+		{"cursor just before the oldest", at(5), 20, 6, 10, false},
+		{"cursor trimmed away", at(3), 20, 6, 10, true},
+		{"rewritten time", &other, 5, 11, 5, true},
+		{"seq beyond the head", &future, 5, 11, 5, true},
+		{"other epoch", &wrongEpoch, 5, 11, 5, true},
+		{"zero position, seq 1 trimmed", &replay.Position{}, 20, 6, 10, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			page, err := hub.Read(ctx, "c", tc.after, tc.limit)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if page.Head != pos[14] {
+				t.Fatalf("head %+v, want %+v", page.Head, pos[14])
+			}
+			if page.Truncated != tc.truncated || len(page.Events) != tc.n {
+				t.Fatalf("truncated %v with %d events, want %v with %d", page.Truncated, len(page.Events), tc.truncated, tc.n)
+			}
+			if tc.n > 0 {
+				assertContiguous(t, page.Events, tc.first)
+				if page.Events[0].Pos != pos[tc.first-1] {
+					t.Fatalf("first event %+v, want %+v", page.Events[0].Pos, pos[tc.first-1])
+				}
+			}
+		})
+	}
+	t.Run("empty channel", func(t *testing.T) {
+		page, err := hub.Read(ctx, "none", &replay.Position{}, 5)
+		if err != nil || page.Truncated || len(page.Events) != 0 || !page.Head.IsZero() {
+			t.Fatalf("%+v %v", page, err)
+		}
+		page, err = hub.Read(ctx, "none", at(3), 5)
+		if err != nil || !page.Truncated {
+			t.Fatalf("a position in a channel without history must be truncated: %+v %v", page, err)
+		}
+	})
+	t.Run("zero position with the whole history", func(t *testing.T) {
+		publishTo(t, hub, "fresh", "1")
+		publishTo(t, hub, "fresh", "2")
+		page, err := hub.Read(ctx, "fresh", &replay.Position{}, 5)
+		if err != nil || page.Truncated || len(page.Events) != 2 {
+			t.Fatalf("%+v %v", page, err)
+		}
+	})
+}
+
+// The function library is loaded by the broker when Redis says it is
+// missing, and a backend can publish with redis-cli alone.
+func TestRedisDirectPublishWithRedisCLI(t *testing.T) {
+	srv := redistest.Start(t)
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	rec := newRedisRecorder()
+	defer hub.Subscribe(rec, []string{"wallet:7"}).Close()
+	waitSubscribed(t, srv, broker.Key("wallet:7"), 1)
+
+	srv.MustCLI("FCALL", FunctionPublish, "1", "sse:{wallet:7}", "balance", "line1\r\nline2")
+	ev := rec.waitFor(t, 0, 1)[0]
+	if string(ev.Frame) != "event: balance\ndata: line1\ndata: line2\n" {
+		t.Fatalf("frame %q", ev.Frame)
+	}
+	// its position is replayable
+	page, err := hub.Read(context.Background(), "wallet:7", &replay.Position{}, 10)
+	if err != nil || len(page.Events) != 1 || page.Events[0].Pos != ev.Pos {
+		t.Fatalf("read %+v %v", page, err)
+	}
+	// an invalid type is refused and not written
+	for _, bad := range []string{"a\nb", "server_closing"} {
+		out, _ := srv.CLI("FCALL", FunctionPublish, "1", "sse:{wallet:7}", bad, "x")
+		if !strings.Contains(out, "ERR sse:") {
+			t.Fatalf("FCALL with type %q answered %q, want an error", bad, out)
+		}
+	}
+	if n := srv.MustCLI("XLEN", "sse:{wallet:7}:s"); n != "1" {
+		t.Fatalf("stream has %s entries, want 1", n)
+	}
+}
+
+// Anything may write to Redis: an event with an invalid type that reaches
+// the stream and the shard channel by other means is not sent raw.
+func TestRedisInvalidEventsAreNotSentRaw(t *testing.T) {
+	srv := redistest.Start(t)
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	rec := newRedisRecorder()
+	defer hub.Subscribe(rec, []string{"x"}).Close()
+	waitSubscribed(t, srv, broker.Key("x"), 1)
+	p := publishTo(t, hub, "x", "good")
+	forged := fmt.Sprintf("%d:%d:%d:%d:%s%s", p.Epoch, p.Seq+1, p.Time, 9, "evil\ntype", "data")
+	srv.MustCLI("SPUBLISH", "sse:{x}", forged)
+	got := rec.waitFor(t, 0, 2)
+	if len(got[1].Frame) != 0 || got[1].Pos.Seq != p.Seq+1 {
+		t.Fatalf("a forged event with an invalid type was delivered as %q at %+v; want an id-only event", got[1].Frame, got[1].Pos)
+	}
+}
+
+func TestRedisUnwatchUnsubscribesAndReloadsDoNotDuplicate(t *testing.T) {
+	srv := redistest.Start(t)
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	key := broker.Key("news")
+	subs := make([]*Subscription, 3)
+	for i := range subs {
+		subs[i] = hub.Subscribe(newRedisRecorder(), []string{"news"})
+	}
+	waitSubscribed(t, srv, key, 1) // three local subscribers, one Redis subscription
+	subs[0].Close()
+	subs[1].Close()
+	waitSubscribed(t, srv, key, 1)
+	subs[2].Close()
+	waitSubscribed(t, srv, key, 0)
+	again := hub.Subscribe(newRedisRecorder(), []string{"news"})
+	defer again.Close()
+	waitSubscribed(t, srv, key, 1)
+}
+
+func TestRedisDownPublishFailsAndStreamsResume(t *testing.T) {
+	srv := redistest.Start(t)
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, DialTimeout: 200 * time.Millisecond,
+		ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond, MaxRetries: -1})
+	rec := newRedisRecorder()
+	defer hub.Subscribe(rec, []string{"a"}).Close()
+	waitSubscribed(t, srv, broker.Key("a"), 1)
+	publishTo(t, hub, "a", "before")
+	rec.waitFor(t, 0, 1)
+
+	srv.Kill()
+	_, err := hub.Publish(context.Background(), "a", Message{Data: []byte("lost?")}, testLimits)
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("publish with Redis down: %v, want ErrUnavailable", err)
+	}
+	if broker.Available() {
+		t.Fatal("broker still reports Redis available")
+	}
+	srv.Restart() // an empty Redis: the history is gone
+	waitSubscribed(t, srv, broker.Key("a"), 1)
+	publishTo(t, hub, "a", "after")
+	got := rec.waitFor(t, 0, 2)
+	if dataOf(got[1]) != "after" {
+		t.Fatalf("after the restart got %q", dataOf(got[1]))
+	}
+	if got[1].Pos.Epoch == got[0].Pos.Epoch {
+		t.Fatal("a Redis that lost the history must start a new epoch")
+	}
+	if !broker.Available() {
+		t.Fatal("broker does not report Redis available again")
+	}
+}
+
+// Killing the pub/sub connection while events are published at a steady
+// rate loses nothing: the reconnected watcher repairs the gap from the
+// stream, in order, without duplicates.
+func TestRedisPubSubKillLosesNothing(t *testing.T) {
+	srv := redistest.Start(t)
+	pub, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	sub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	rec := newRedisRecorder()
+	defer sub.Subscribe(rec, []string{"steady"}).Close()
+	waitSubscribed(t, srv, broker.Key("steady"), 1)
+
+	const total = 400
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range total {
+			if _, err := pub.Publish(context.Background(), "steady", Message{Data: []byte(fmt.Sprint(i))}, replay.Limits{Count: 1000, MaxAge: time.Hour, MaxBytes: 1 << 20}); err != nil {
+				t.Errorf("publish %d: %v", i, err)
+				return
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	for range 5 {
+		time.Sleep(100 * time.Millisecond)
+		srv.MustCLI("CLIENT", "KILL", "TYPE", "pubsub")
+	}
+	<-done
+	got := rec.waitFor(t, 0, total)
+	assertContiguous(t, got, 1)
+	if len(got) != total {
+		t.Fatalf("%d events, want %d", len(got), total)
+	}
+}
+
+// A lost announcement on a channel that then stays quiet is repaired by the
+// periodic check.
+func TestRedisQuietChannelIsRepaired(t *testing.T) {
+	srv := redistest.Start(t)
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: 200 * time.Millisecond})
+	rec := newRedisRecorder()
+	defer hub.Subscribe(rec, []string{"quiet"}).Close()
+	waitSubscribed(t, srv, broker.Key("quiet"), 1)
+	first := publishTo(t, hub, "quiet", "1")
+	rec.waitFor(t, 0, 1)
+	// an event appended as the function would, but never announced: as if
+	// its announcement was lost
+	id := fmt.Sprintf("%d-%d", first.Time, first.Seq+1)
+	srv.MustCLI("XADD", "sse:{quiet}:s", id, "y", "t", "d", "silent")
+	srv.MustCLI("HSET", "sse:{quiet}:m", "s", strconv.FormatUint(first.Seq+1, 10))
+	got := rec.waitFor(t, 0, 2)
+	if dataOf(got[1]) != "silent" || got[1].Pos.Seq != first.Seq+1 {
+		t.Fatalf("repaired %+v %q", got[1].Pos, dataOf(got[1]))
+	}
+}
+
+func TestRedisFlushAllStartsNewEpoch(t *testing.T) {
+	srv := redistest.Start(t)
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	rec := newRedisRecorder()
+	defer hub.Subscribe(rec, []string{"f"}).Close()
+	waitSubscribed(t, srv, broker.Key("f"), 1)
+	old := publishTo(t, hub, "f", "old")
+	srv.MustCLI("FLUSHALL")
+	fresh := publishTo(t, hub, "f", "new")
+	if fresh.Epoch == old.Epoch || fresh.Seq != 1 {
+		t.Fatalf("after FLUSHALL the position is %+v (old %+v): want a new epoch from seq 1", fresh, old)
+	}
+	page, err := hub.Read(context.Background(), "f", &old, 10)
+	if err != nil || !page.Truncated || len(page.Events) != 1 || dataOf(page.Events[0]) != "new" {
+		t.Fatalf("reading after the old position: %+v %v; want truncated with the new event", page, err)
+	}
+	got := rec.waitFor(t, 0, 2)
+	if got[1].Pos != fresh {
+		t.Fatalf("live delivery after the flush: %+v, want %+v", got[1].Pos, fresh)
+	}
+}
+
+func TestRedisFallbackLocal(t *testing.T) {
+	srv := redistest.Start(t)
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, FallbackLocal: true,
+		DialTimeout: 200 * time.Millisecond, ReadTimeout: 500 * time.Millisecond, MaxRetries: -1})
+	rec := newRedisRecorder()
+	defer hub.Subscribe(rec, []string{"l"}).Close()
+	waitSubscribed(t, srv, broker.Key("l"), 1)
+	real := publishTo(t, hub, "l", "via redis")
+	rec.waitFor(t, 0, 1)
+	srv.Kill()
+	local := publishTo(t, hub, "l", "local only")
+	if local.Epoch == real.Epoch {
+		t.Fatal("a local fallback event must have an epoch of its own")
+	}
+	got := rec.waitFor(t, 0, 2)
+	if dataOf(got[1]) != "local only" || got[1].Pos != local {
+		t.Fatalf("got %+v %q", got[1].Pos, dataOf(got[1]))
+	}
+}

@@ -1,0 +1,18 @@
+package pubsub
+
+// BackendReporter is implemented by brokers that connect to an external
+// backend (Redis), so that metrics can tell whether it is reachable. The
+// embedded broker does not implement it.
+type BackendReporter interface {
+	BackendStatus() BackendStatus
+}
+
+// BackendStatus is the state of a broker's connection to its backend.
+type BackendStatus struct {
+	// Up is whether the backend is reachable now.
+	Up bool
+	// Reconnects counts the times the broker reconnected since it started.
+	Reconnects uint64
+	// Channels is how many channels the broker is subscribed to.
+	Channels int
+}

@@ -1,0 +1,69 @@
+package caddysse
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// throttleCallTimeout bounds a call to the throttles of a shared backend.
+const throttleCallTimeout = 2 * time.Second
+
+// throttleKey names a client in the throttles (SPEC S7): its principal
+// from its remote address, so that another device of the same user is not
+// punished, or the address alone without a principal. Principals are
+// namespaced like channels.
+func (h *Handler) throttleKey(who client) string {
+	return h.Namespace + "\x00" + who.principal + "\x00" + who.ip
+}
+
+func (h *Handler) throttleOn() bool { return h.Throttle > 0 }
+
+// throttled returns how long the client is still refused; zero if it is
+// not, or if the throttles could not be asked (they fail open).
+func (h *Handler) throttled(ctx context.Context, who client) time.Duration {
+	if !h.throttleOn() {
+		return 0
+	}
+	left, err := h.hub.Throttles().Remaining(ctx, h.throttleKey(who))
+	if err != nil {
+		h.logger.Warn("throttles unavailable; admitting the stream", zap.String("principal", who.principal), zap.Error(err))
+		return 0
+	}
+	return left
+}
+
+// endedSlow reports whether a stream ended because its client was too
+// slow: a write blocked for the slow-client timeout, or its queue stayed
+// full that long.
+func (s *stream) endedSlow(err error) bool {
+	if errors.Is(err, errSlowWrite) {
+		return true
+	}
+	n := s.closing.Load()
+	return n != nil && n.slow
+}
+
+// throttleSlowClient counts and logs a slow client's disconnection and
+// refuses it for the throttle period.
+func (h *Handler) throttleSlowClient(ctx context.Context, s *stream, who client, lasted time.Duration) {
+	h.metrics.slowClient()
+	h.logger.Info("slow client disconnected",
+		zap.String("principal", who.principal),
+		zap.String("remote_ip", who.ip),
+		zap.Strings("channels", s.names),
+		zap.Duration("duration", lasted),
+		zap.Duration("throttle", max(time.Duration(h.Throttle), 0)))
+	if !h.throttleOn() {
+		return
+	}
+	// the request's context may be canceled already: the failed write
+	// that made the client slow closes an HTTP/1 connection
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), throttleCallTimeout)
+	defer cancel()
+	if err := h.hub.Throttles().Throttle(ctx, h.throttleKey(who), time.Duration(h.Throttle)); err != nil {
+		h.logger.Warn("could not throttle a slow client", zap.String("principal", who.principal), zap.Error(err))
+	}
+}

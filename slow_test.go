@@ -1,0 +1,352 @@
+package caddysse
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/caddy-sse/caddy-sse/pubsub"
+)
+
+// trickleWriter is a client that takes every write, but only after a
+// pause: slow, though no single write blocks for the slow-client timeout.
+type trickleWriter struct {
+	pause time.Duration
+
+	mu     sync.Mutex
+	writes int
+	last   string // what WriteLast was given
+}
+
+func (w *trickleWriter) Write([]byte) error {
+	time.Sleep(w.pause)
+	w.mu.Lock()
+	w.writes++
+	w.mu.Unlock()
+	return nil
+}
+
+func (w *trickleWriter) Flush() error { return nil }
+
+func (w *trickleWriter) WriteLast(p []byte) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.last += string(p)
+	return nil
+}
+
+// A stream whose queue stays full for the slow-client timeout, while each
+// of its writes is short, is ended by the registry's shared ticker with the
+// slow-client comment, without writing all that it was behind; the overflow
+// is logged once, not per event.
+func TestQueueFullForTheTimeoutEndsTheStream(t *testing.T) {
+	const timeout = 200 * time.Millisecond
+	h := validHandler()
+	h.Queue = 4
+	h.SlowClientTimeout = caddy.Duration(timeout)
+	core, logs := observer.New(zap.InfoLevel)
+	h.logger = zap.New(core)
+	h.metrics = newMetrics()
+	h.hub = pubsub.NewMemoryHub()
+	defer h.hub.Close()
+	h.limits = h.hubLimits()
+	h.streams = newRegistry(h.logger, 0, 0, timeout)
+	defer h.streams.stop()
+
+	s := newStream(h, []string{"a"})
+	defer h.hub.Subscribe(s, s.keys).Close()
+	w := &trickleWriter{pause: timeout / 20}
+	s.out = w
+	h.streams.add(s)
+	ended := make(chan error, 1)
+	began := time.Now()
+	go func() { ended <- s.run(context.Background()) }()
+
+	// publish far faster than the client takes events, until the stream ends
+	msg := pubsub.Message{Data: []byte("x")}
+	published := 0
+	var err error
+publishing:
+	for {
+		select {
+		case err = <-ended:
+			break publishing
+		case <-time.After(time.Millisecond):
+		}
+		if time.Since(began) > waitFor {
+			t.Fatal("the stream was not ended")
+		}
+		if _, err := h.hub.Publish(context.Background(), "a", msg, h.limits); err != nil {
+			t.Fatal(err)
+		}
+		published++
+	}
+	if !s.endedSlow(err) {
+		t.Fatalf("the stream ended with %v, not as a slow client", err)
+	}
+	if w.last != ": connection closed: slow client\n" {
+		t.Fatalf("last words %q, want the slow-client comment", w.last)
+	}
+	if lasted := time.Since(began); lasted < timeout {
+		t.Fatalf("ended after %v, before the slow-client timeout", lasted)
+	}
+	if int64(published) <= s.eventsSent+int64(h.Queue) {
+		t.Fatalf("the client was not behind: %d published, %d sent", published, s.eventsSent)
+	}
+	s.countDelivered()
+	h.metrics.dropped(s.takeDropped())
+	full := logs.FilterMessage("sse_queue_full").AllUntimed()
+	episodes := counterValue(t, h.metrics.catchUps) // each taken overflow is caught up once
+	dropped := counterValue(t, h.metrics.droppedEvents)
+	if len(full) == 0 || float64(len(full)) != episodes || dropped < 4*episodes {
+		t.Fatalf("%d sse_queue_full warnings for %v overflow episodes and %v dropped events: want one per episode", len(full), episodes, dropped)
+	}
+	fields := full[0].ContextMap()
+	if full[0].Level != zap.WarnLevel || fields["queue_depth"] != int64(h.Queue) || fmt.Sprint(fields["channels"]) != "[a]" {
+		t.Fatalf("sse_queue_full: %v %v", full[0].Level, fields)
+	}
+}
+
+func counterValue(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+// valve passes a response body's reads until it is stalled, then holds
+// them back until it is resumed: a client that stops reading.
+type valve struct {
+	io.ReadCloser
+	stalled atomic.Bool
+	resumed chan struct{}
+	once    sync.Once
+}
+
+func (v *valve) Read(p []byte) (int, error) {
+	if v.stalled.Load() {
+		<-v.resumed
+	}
+	return v.ReadCloser.Read(p)
+}
+
+func (v *valve) stall()  { v.stalled.Store(true) }
+func (v *valve) resume() { v.once.Do(func() { close(v.resumed) }) }
+
+// openValved opens a stream whose reads go through a valve, over client.
+func openValved(t *testing.T, url string, client *http.Client) (*sseClient, *valve) {
+	t.Helper()
+	resp, err := client.Get(url)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	v := &valve{ReadCloser: resp.Body, resumed: make(chan struct{})}
+	resp.Body = v
+	c := &sseClient{t: t, resp: resp, cancel: func() {},
+		events: make(chan sseEvent, 100000), comments: make(chan string, 100), done: make(chan struct{})}
+	go c.read()
+	t.Cleanup(func() {
+		v.resume()
+		c.close()
+	})
+	return c, v
+}
+
+// smallReceiveBuffer makes a client whose sockets hold little, so that a
+// client that stops reading soon blocks the server's writes.
+func smallReceiveBuffer() *http.Client {
+	dialer := &net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		return c.Control(func(fd uintptr) {
+			_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+		})
+	}}
+	return &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext, DisableCompression: true}}
+}
+
+// scrape returns the text of the site's /metrics.
+func (s *testServer) scrape() string {
+	s.t.Helper()
+	resp, err := http.Get(s.base + "/metrics")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		s.t.Fatalf("/metrics: %d %s", resp.StatusCode, body)
+	}
+	return string(body)
+}
+
+// metric returns the value of one series (name and labels as exposed) in
+// a scrape, failing the test if it is missing.
+func metric(t testing.TB, scrape, series string) float64 {
+	t.Helper()
+	for _, line := range strings.Split(scrape, "\n") {
+		if value, ok := strings.CutPrefix(line, series+" "); ok {
+			v, err := strconv.ParseFloat(value, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", line, err)
+			}
+			return v
+		}
+	}
+	t.Fatalf("no series %s in the scrape", series)
+	return 0
+}
+
+// A client that stops reading while thousands of events are published is
+// disconnected within about the slow-client timeout and throttled (SPEC
+// S7); its queue never holds more than its bound, another subscriber of
+// the channel gets every event, and once the throttle has passed the slow
+// client's reconnect replays from its last id.
+func TestSlowClientIsDisconnectedThrottledAndResumes(t *testing.T) {
+	srv := startCaddy(t, `
+:{PORT} {
+	metrics /metrics
+	sse /events {
+		channel a
+		principal {query.user}
+		queue 16
+		max_event_size 16KiB
+		queue_bytes 128KiB
+		history 100000
+		history_bytes 512MiB
+		replay_limit 100000
+		slow_client_timeout 1s
+		throttle 3s
+		publish {
+			secret `+testSecret+`
+		}
+	}
+}
+`)
+	var fastSeq atomic.Uint64
+	consumed := make(chan struct{})
+	t.Cleanup(func() { <-consumed }) // runs after the stream's own cleanup closes it
+	fast := srv.subscribe("/events?user=fast", nil)
+	go func() {
+		defer close(consumed)
+		for ev := range fast.events {
+			seq := seqOf(t, ev.ID).Seq
+			if prev := fastSeq.Swap(seq); seq != prev+1 {
+				t.Errorf("the fast subscriber got seq %d after %d: a hole or a duplicate", seq, prev)
+			}
+		}
+	}()
+
+	slow, tap := openValved(t, srv.base+"/events?user=slow", smallReceiveBuffer())
+	for i := range 3 {
+		srv.publish("/events", map[string]any{"channel": "a", "data": fmt.Sprint("warm ", i)})
+	}
+	var last sseEvent
+	for range 3 {
+		last = slow.next()
+	}
+	tap.stall()
+
+	// 16 KB events: a few hundred fill what the sockets hold
+	payload := strings.Repeat("x", 16000)
+	published := 3
+	stalled := time.Now()
+	for metric(t, srv.scrape(), "caddy_sse_slow_client_disconnects_total") == 0 {
+		if published > 10000 {
+			t.Fatalf("the stalled client was not disconnected after %d events", published)
+		}
+		published += srv.publishConcurrently(payload, 100, 4)
+	}
+	t.Logf("disconnected %v after it stalled, after %d events", time.Since(stalled).Round(time.Millisecond), published)
+
+	// throttled: that principal from this address, for about 3s
+	resp := do(t, http.MethodGet, srv.base+"/events?user=slow", nil, "")
+	if ra, _ := strconv.Atoi(resp.Header.Get("Retry-After")); ra < 1 || ra > 3 {
+		t.Errorf("Retry-After %q, want 1 to 3", resp.Header.Get("Retry-After"))
+	}
+	assertError(t, resp, 429, "throttled")
+	// ...not its other device, nor another principal
+	for _, c := range []*sseClient{
+		openStream(t, srv.base+"/events?user=slow", nil, dialFrom("127.0.0.2")),
+		openStream(t, srv.base+"/events?user=other", nil, nil),
+	} {
+		if c.resp.StatusCode != 200 {
+			t.Fatalf("status %d, want 200", c.resp.StatusCode)
+		}
+		c.close()
+	}
+
+	eventually(t, "the fast subscriber got every event", func() bool { return fastSeq.Load() == uint64(published) })
+	scrape := srv.scrape()
+	depths := metric(t, scrape, "caddy_sse_queue_depth_count")
+	if within := metric(t, scrape, `caddy_sse_queue_depth_bucket{le="16"}`); depths == 0 || within != depths {
+		t.Fatalf("%v of %v queue depths within the bound of 16", within, depths)
+	}
+	if metric(t, scrape, "caddy_sse_events_dropped_total") == 0 {
+		t.Fatal("no event was dropped from the stalled client's queue: it never overflowed")
+	}
+
+	// the slow client reads again: what the socket held, then the end
+	tap.resume()
+	for ev := range slow.events {
+		last = ev
+	}
+	told := false
+	for len(slow.comments) > 0 {
+		told = told || <-slow.comments == ": connection closed: slow client"
+	}
+	t.Logf("the slow client got the slow-client comment: %v (it is written only if the socket has room)", told)
+
+	// after the throttle, its reconnect replays from its last id
+	var again *sseClient
+	eventually(t, "the throttle to pass", func() bool {
+		again = openStream(t, srv.base+"/events?user=slow", header("Last-Event-ID", last.ID), nil)
+		if again.resp.StatusCode == 200 {
+			return true
+		}
+		again.close()
+		return false
+	})
+	for want := seqOf(t, last.ID).Seq + 1; want <= uint64(published); want++ {
+		if got := seqOf(t, again.next().ID).Seq; got != want {
+			t.Fatalf("replay: seq %d, want %d", got, want)
+		}
+	}
+}
+
+// publishConcurrently publishes n events of data to channel a from workers
+// goroutines and returns n.
+func (s *testServer) publishConcurrently(data string, n, workers int) int {
+	s.t.Helper()
+	body := mustJSON(s.t, map[string]any{"channel": "a", "data": data})
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += workers {
+				if status, reply := s.post("/events", "application/json", body, nil); status != 200 {
+					s.t.Errorf("publish: %d %s", status, reply)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return n
+}
