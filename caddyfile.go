@@ -41,6 +41,24 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		publish {
 //			secret <token>              # e.g. {env.SSE_PUBLISH_SECRET}
 //		}
+//		redis <url>                     # or a block:
+//		redis {
+//			url <url> | addresses <host:port>...
+//			cluster                     # force cluster mode for one endpoint
+//			sentinel <master-name>      # addresses are then Sentinels
+//			username <user>
+//			password <password>         # e.g. {env.REDIS_PASSWORD}
+//			db <n>
+//			tls [<ca-file>]
+//			prefix <prefix>             # default sse:
+//			wait_replicas <n> [<timeout>]
+//			pool_size <n>
+//			dial_timeout|read_timeout|write_timeout <duration>
+//			max_retries <n>             # -1: never
+//			min_retry_backoff|max_retry_backoff <duration>
+//			check_interval <duration>   # default 5s
+//		}
+//		fallback local                  # deliver locally while Redis is down
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume the directive name
@@ -108,6 +126,11 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, name string) err
 		return durationOrOff(d, &h.Throttle)
 	case "publish":
 		return h.unmarshalPublish(d)
+	case "redis":
+		h.Redis = new(RedisConfig)
+		return h.Redis.unmarshalCaddyfile(d)
+	case "fallback":
+		return oneString(d, &h.Fallback)
 	default:
 		return d.Errf("unrecognized sse subdirective %q", name)
 	}

@@ -46,7 +46,7 @@ func eventually(t testing.TB, what string, cond func() bool) {
 // makes one for real).
 func throttleForTest(t *testing.T, principal string, d time.Duration) {
 	t.Helper()
-	hub, key, err := acquireHub()
+	hub, key, err := acquireHub(nil, "")
 	if err != nil {
 		t.Fatal(err)
 	}

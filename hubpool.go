@@ -21,15 +21,26 @@ type pooledHub struct{ *pubsub.Hub }
 func (p pooledHub) Destruct() error { return p.Close() }
 
 // acquireHub returns the hub for the handler's backend and the key to
-// release it with. Creating it is cheap: no goroutine, no network.
-func acquireHub() (*pubsub.Hub, string, error) {
-	val, _, err := hubs.LoadOrNew(embeddedHubKey, func() (caddy.Destructor, error) {
-		return pooledHub{pubsub.NewMemoryHub()}, nil
+// release it with: the embedded hub, or the one for these Redis settings.
+// Creating a hub is cheap: no goroutine, no network.
+func acquireHub(redisOpts *pubsub.RedisOptions, key string) (*pubsub.Hub, string, error) {
+	if redisOpts == nil {
+		key = embeddedHubKey
+	}
+	val, _, err := hubs.LoadOrNew(key, func() (caddy.Destructor, error) {
+		if redisOpts == nil {
+			return pooledHub{pubsub.NewMemoryHub()}, nil
+		}
+		hub, err := pubsub.NewRedisHub(*redisOpts)
+		if err != nil {
+			return nil, err
+		}
+		return pooledHub{hub}, nil
 	})
 	if err != nil {
 		return nil, "", err
 	}
-	return val.(pooledHub).Hub, embeddedHubKey, nil
+	return val.(pooledHub).Hub, key, nil
 }
 
 func releaseHub(key string) error {

@@ -71,7 +71,7 @@ func TestNoGoroutineLeakAfterManyStreams(t *testing.T) {
 	if n := settleGoroutines(base); n > base {
 		t.Fatalf("goroutines: %d after the streams closed, %d before", n, base)
 	}
-	hub, key, err := acquireHub()
+	hub, key, err := acquireHub(nil, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -171,6 +171,18 @@ type Handler struct {
 	// turns throttling off.
 	Throttle caddy.Duration `json:"throttle,omitempty"`
 
+	// Redis connects the handler to Redis: events reach the subscribers of
+	// every instance on the same Redis, and a client can resume on any of
+	// them. Without it the handler uses this process's embedded hub.
+	Redis *RedisConfig `json:"redis,omitempty"`
+
+	// Fallback is what a publish does while Redis is unreachable. By
+	// default it fails with 503 and Retry-After, so that the publisher
+	// retries and no instance misses the event. "local" delivers it to this
+	// instance's streams only, under a local epoch, so that any cursor that
+	// includes such an event is later answered as truncated.
+	Fallback string `json:"fallback,omitempty"`
+
 	// Publish enables publishing with a POST to this route.
 	Publish *PublishConfig `json:"publish,omitempty"`
 
@@ -215,13 +227,38 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.metrics = m
-	hub, key, err := acquireHub()
+	redisOpts, key, err := h.redisOptions()
+	if err != nil {
+		return err
+	}
+	hub, key, err := acquireHub(redisOpts, key)
 	if err != nil {
 		return err
 	}
 	h.hub, h.hubKey = hub, key
 	h.streams = newRegistry(h.logger, h.heartbeat(), h.closeJitter(), time.Duration(h.SlowClientTimeout))
 	return h.closeStreamsWhenStopping(ctx)
+}
+
+// fallbackLocal is the one value of Handler.Fallback.
+const fallbackLocal = "local"
+
+// redisOptions returns the broker options and pool key of the handler's
+// Redis, or nil for the embedded hub.
+func (h *Handler) redisOptions() (*pubsub.RedisOptions, string, error) {
+	if h.Redis == nil {
+		return nil, "", nil
+	}
+	opts, err := h.Redis.redisOptions(h.Fallback == fallbackLocal)
+	if err != nil {
+		return nil, "", err
+	}
+	opts.Logger = h.logger.Named("redis")
+	caFile := ""
+	if h.Redis.TLS != nil {
+		caFile = h.Redis.TLS.CA
+	}
+	return &opts, hubKeyOf(opts, caFile), nil
 }
 
 // hubLimits are the history bounds this handler publishes with.
@@ -316,6 +353,12 @@ func (h *Handler) Validate() error {
 	}
 	if h.Principal != "" && strings.TrimSpace(h.Principal) == "" {
 		return errors.New("principal: empty template")
+	}
+	switch {
+	case h.Fallback != "" && h.Fallback != fallbackLocal:
+		return fmt.Errorf("fallback %q: the only fallback is %q", h.Fallback, fallbackLocal)
+	case h.Fallback == fallbackLocal && h.Redis == nil:
+		return errors.New("fallback local needs redis: the embedded hub has nothing to fall back from")
 	}
 	if h.Namespace != "" {
 		if err := validateChannelName(h.Namespace); err != nil || strings.Contains(h.Namespace, ":") {

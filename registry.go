@@ -142,6 +142,9 @@ func (r *registry) sweep(now time.Time) {
 			s.close(slowClient)
 			continue
 		}
+		if s.degraded.Load() && s.hub.Available() {
+			s.poke() // its backend answers again: it can replay now
+		}
 		if r.heartbeat > 0 && s.lastWrite.Load() <= due {
 			s.beatDue.Store(true)
 			s.poke()

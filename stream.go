@@ -19,6 +19,11 @@ import (
 // replay was truncated, instead of silently missing events.
 var errHistoryGap = errors.New("missed events are no longer in the history")
 
+// errHistoryRewritten ends a stream whose channel's history no longer
+// contains events it wrote (lost in a failover): like errHistoryGap, the
+// reconnect is told that its replay was truncated.
+var errHistoryRewritten = errors.New("the channel's history was rewritten")
+
 // errClosing interrupts a stream's writing once it has been told to close,
 // so that it closes without first writing all that is queued.
 var errClosing = errors.New("stream closing")
@@ -67,6 +72,8 @@ type stream struct {
 	overflowSince atomic.Int64 // Unix nanoseconds the queue overflowed; 0 if it has not
 	beatDue       atomic.Bool
 	closing       atomic.Pointer[closeNotice]
+	degraded      atomic.Bool // opened without its history; see degraded.go
+	idText        string      // the client's cursor, kept while degraded
 
 	eventsSent     int64
 	eventsCounted  int64 // of eventsSent, those added to the metrics
@@ -180,6 +187,15 @@ func (s *stream) run(ctx context.Context) error {
 // drain writes what is queued (catching up from the history after an
 // overflow), or a heartbeat if the stream is due one, and flushes once.
 func (s *stream) drain(ctx context.Context) error {
+	if s.degraded.Load() {
+		live, err := s.recover(ctx)
+		if err != nil {
+			return err
+		}
+		if !live {
+			return s.heartbeatIfDue()
+		}
+	}
 	batch, overflowed := s.take()
 	if len(batch) > 0 {
 		s.batchStartedMs = time.Now().UnixMilli()
@@ -209,13 +225,19 @@ func (s *stream) drain(ctx context.Context) error {
 		}
 	}
 	if !wrote {
-		if !s.beatDue.Load() {
-			return nil
-		}
-		s.buf = wire.AppendComment(s.buf[:0], "heartbeat")
-		if err := s.out.Write(s.buf); err != nil {
-			return err
-		}
+		return s.heartbeatIfDue()
+	}
+	return s.flush()
+}
+
+// heartbeatIfDue writes a heartbeat comment if the stream is due one.
+func (s *stream) heartbeatIfDue() error {
+	if !s.beatDue.Load() {
+		return nil
+	}
+	s.buf = wire.AppendComment(s.buf[:0], "heartbeat")
+	if err := s.out.Write(s.buf); err != nil {
+		return err
 	}
 	return s.flush()
 }
@@ -253,6 +275,16 @@ func (s *stream) queueFull(depth int) {
 // (it was in the replay); a gap before it is filled from the history first.
 func (s *stream) writeLive(ctx context.Context, q queued) (bool, error) {
 	at := s.cursor[q.slot].Pos
+	if q.ev.Local {
+		// fallback local: no history to follow; its epoch makes any cursor
+		// that includes it truncated later
+		return true, s.writeLiveEvent(q)
+	}
+	if at.Contradicts(q.ev.Pos) {
+		// a failover lost events this stream wrote, and their seqs went to
+		// new events: end, so that the reconnect is told it was truncated
+		return false, errHistoryRewritten
+	}
 	if at.Covers(q.ev.Pos) {
 		return false, nil
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/caddy-sse/caddy-sse/pubsub"
 	"github.com/caddy-sse/caddy-sse/replay"
 	"github.com/caddy-sse/caddy-sse/wire"
 )
@@ -45,7 +46,12 @@ func (h *Handler) subscribe(w http.ResponseWriter, r *http.Request) error {
 		defer sub.Close()
 	}
 	start, err := s.startingPoint(r.Context(), lastEventID(r))
-	if err != nil {
+	switch {
+	case errors.Is(err, pubsub.ErrUnavailable):
+		// SPEC S9: open live-only, say so, and replay once Redis is back
+		s.degrade(lastEventID(r))
+		start = startingPoint{}
+	case err != nil:
 		return h.reject(w, r, &rejection{status: http.StatusServiceUnavailable, code: "history_unavailable", detail: err.Error()}, time.Second)
 	}
 	s.writeHeaders(w, start.truncated)
@@ -178,6 +184,15 @@ func (s *stream) open(ctx context.Context, sp startingPoint) error {
 	if s.closing.Load() != nil {
 		return nil // closing already: run tells the client at once
 	}
+	if s.degraded.Load() {
+		return s.writeDegraded()
+	}
+	return s.writeStart(sp)
+}
+
+// writeStart writes the truncation notice and the replay of a starting
+// point, and flushes.
+func (s *stream) writeStart(sp startingPoint) error {
 	if len(sp.truncated) > 0 {
 		data, _ := json.Marshal(map[string][]string{"channels": sp.truncated})
 		s.buf = wire.AppendEnd(wire.AppendEvent(s.buf[:0], wire.TypeTruncated, data))

@@ -79,6 +79,16 @@ func NewMemoryHub() *Hub {
 	return NewHub(func(d DeliverFunc) Broker { return NewMemory(d) }, WithName("embedded"))
 }
 
+// Available reports whether the hub's backend answers (always, for the
+// embedded broker). Streams opened while it does not are degraded: live
+// only until it answers again.
+func (h *Hub) Available() bool {
+	if a, ok := h.broker.(interface{ Available() bool }); ok {
+		return a.Available()
+	}
+	return true
+}
+
 // Broker returns the hub's broker.
 func (h *Hub) Broker() Broker { return h.broker }
 

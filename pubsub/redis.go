@@ -50,6 +50,7 @@ type Redis struct {
 	local   localFallback
 
 	onClose     []func() // run by Close before the client closes
+	reconnects  atomic.Uint64
 	up          atomic.Bool
 	scriptsOnly atomic.Bool // functions are forbidden: run scripts
 	stateMu     sync.Mutex
@@ -325,6 +326,11 @@ func (b *Redis) setUp(up bool, err error) {
 // Available reports whether Redis answered the last command sent to it.
 func (b *Redis) Available() bool { return b.up.Load() }
 
+// BackendStatus reports the connection to Redis, for the metrics.
+func (b *Redis) BackendStatus() BackendStatus {
+	return BackendStatus{Up: b.up.Load(), Reconnects: b.reconnects.Load(), Channels: b.watch.count()}
+}
+
 // Watch subscribes this instance to the channel's announcements.
 func (b *Redis) Watch(channel string) { b.watch.want(channel, true) }
 
@@ -365,6 +371,7 @@ func (l *localFallback) publish(channel string, msg Message, deliver DeliverFunc
 	l.seqs[channel]++
 	pos := replay.Position{Epoch: l.epoch, Seq: l.seqs[channel], Time: time.Now().UnixMilli()}
 	ev, _ := encodeEvent(pos, msg.Type, string(msg.Data))
+	ev.Local = true
 	deliver(channel, ev)
 	return pos
 }
@@ -376,3 +383,9 @@ func newLocalEpoch() uint32 {
 		}
 	}
 }
+
+// Interface guards
+var (
+	_ Broker          = (*Redis)(nil)
+	_ BackendReporter = (*Redis)(nil)
+)

@@ -455,6 +455,9 @@ func (s *shard) run() {
 	backoff := 50 * time.Millisecond
 	for {
 		ps := s.connect()
+		if ps == nil {
+			return // closed
+		}
 		err := s.receive(ps)
 		_ = ps.Close()
 		s.mu.Lock()
@@ -466,6 +469,7 @@ func (s *shard) run() {
 		}
 		if err != nil {
 			s.w.b.unavailable(err)
+			s.w.b.reconnects.Add(1)
 		}
 		select {
 		case <-time.After(backoff):
@@ -480,10 +484,17 @@ func (s *shard) run() {
 	}
 }
 
+// connect makes a new connection and subscribes every key on it; nil if
+// the shard is closed.
 func (s *shard) connect() *redis.PubSub {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	s.mu.Lock()
+	if s.closed {
+		// close ran meanwhile: a connection made now would never be closed
+		s.mu.Unlock()
+		return nil
+	}
 	ps := s.client.SSubscribe(ctx)
 	s.ps = ps
 	keys := make([]string, 0, len(s.keys))

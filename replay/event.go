@@ -55,6 +55,10 @@ func (p Position) Contradicts(q Position) bool {
 type Event struct {
 	Pos   Position
 	Frame []byte
+	// Local marks an event that reached only this instance, under an epoch
+	// of its own, because the shared backend was unreachable (fallback
+	// local). Streams write it without looking for a gap before it.
+	Local bool
 }
 
 // Limits bound a channel's history. They are given with every append, as

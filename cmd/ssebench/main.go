@@ -7,7 +7,9 @@
 //
 //	ssebench <scenario> [flags]
 //
-// Scenarios: idle, fanout, spread, churn, reconnect, scaleout. Run
+// Scenarios: idle, fanout, spread, churn, reconnect, scaleout.
+// `ssebench floor-server` is a bare reference server for the machine's
+// floor (one write per delivery, nothing else). Run
 // `ssebench -h` for the flags, and see docs/PERFORMANCE.md and the Makefile
 // for the commands behind the published figures.
 //
@@ -257,6 +259,9 @@ func main() {
 }
 
 func run(args []string) int {
+	if len(args) > 0 && args[0] == "floor-server" {
+		return runFloorServer(args[1:])
+	}
 	cfg, err := parseArgs(args)
 	if err != nil {
 		if err == flag.ErrHelp {

@@ -1,0 +1,54 @@
+package caddysse
+
+import (
+	"context"
+	"encoding/json"
+
+	"go.uber.org/zap"
+
+	"github.com/caddy-sse/caddy-sse/wire"
+)
+
+// A stream opened while its backend (Redis) cannot be reached is degraded
+// (SPEC S9): it opens live-only with one sse_degraded event, and as soon as
+// the backend answers again it reads its starting point as a stream that
+// just opened would — the replay after the client's cursor, or the heads —
+// and writes it, then continues live. Until then it writes nothing but
+// heartbeats: without the history it cannot know where its channels are.
+
+// degrade marks the stream degraded, keeping the client's cursor for the
+// replay once the backend is back.
+func (s *stream) degrade(idText string) {
+	s.idText = idText
+	s.degraded.Store(true)
+}
+
+// writeDegraded tells the client that its stream is live-only for now.
+func (s *stream) writeDegraded() error {
+	s.h.logger.Warn("stream opened without history: the backend is unreachable",
+		zap.Strings("channels", s.names), zap.String("principal", s.principal))
+	data, _ := json.Marshal(map[string][]string{"channels": s.names})
+	s.buf = wire.AppendEnd(wire.AppendEvent(s.buf[:0], wire.TypeDegraded, data))
+	if err := s.out.Write(s.buf); err != nil {
+		return err
+	}
+	return s.flush()
+}
+
+// recover tries to leave the degraded state: it reports whether the stream
+// may write live events now. A failed attempt drops what was queued (it is
+// in the history the replay will read).
+func (s *stream) recover(ctx context.Context) (bool, error) {
+	if s.hub.Available() {
+		sp, err := s.startingPoint(ctx, s.idText)
+		if err == nil {
+			s.degraded.Store(false)
+			s.h.metrics.replay(s.idText != "", len(sp.truncated) > 0)
+			return true, s.writeStart(sp)
+		}
+	}
+	batch, _ := s.take()
+	clear(batch)
+	s.resumeLive()
+	return false, nil
+}

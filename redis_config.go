@@ -1,0 +1,337 @@
+package caddysse
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-sse/caddy-sse/pubsub"
+)
+
+// RedisConfig connects a handler to Redis, for fan-out across instances and
+// a history every instance can replay from (SPEC S9). Every handler of a
+// process with the same Redis settings shares one client and one set of
+// pub/sub connections, which survive config reloads.
+type RedisConfig struct {
+	// URL is a redis:// or rediss:// URL
+	// (redis://[user[:password]@]host[:port][/db]); global placeholders such
+	// as {env.REDIS_URL} are replaced when the config is loaded. Give either
+	// URL or Addresses.
+	URL string `json:"url,omitempty"`
+
+	// Addresses are host:port of the Redis server, of the seed nodes of a
+	// cluster (several addresses imply a cluster), or of the Sentinels when
+	// Sentinel is set.
+	Addresses []string `json:"addresses,omitempty"`
+
+	// Cluster forces cluster mode for a single configuration endpoint.
+	Cluster bool `json:"cluster,omitempty"`
+
+	// Sentinel is the name of the master the Sentinels at Addresses watch.
+	Sentinel string `json:"sentinel,omitempty"`
+
+	// Username for Redis ACLs. Placeholders are replaced at load.
+	Username string `json:"username,omitempty"`
+
+	// Password, e.g. {env.REDIS_PASSWORD}. Placeholders are replaced at load.
+	Password string `json:"password,omitempty"`
+
+	// DB is the database number (not for clusters).
+	DB int `json:"db,omitempty"`
+
+	// TLS enables TLS (as does a rediss:// URL).
+	TLS *RedisTLS `json:"tls,omitempty"`
+
+	// Prefix starts every key and shard channel of this module. Default:
+	// "sse:". Handlers with different prefixes on one Redis do not see each
+	// other's events.
+	Prefix string `json:"prefix,omitempty"`
+
+	// WaitReplicas makes a publish wait (Redis WAIT) until this many
+	// replicas have the event, which narrows the events a failover can
+	// lose. Default: 0 (do not wait).
+	WaitReplicas int `json:"wait_replicas,omitempty"`
+
+	// WaitTimeout bounds that wait. Default: 1s.
+	WaitTimeout caddy.Duration `json:"wait_timeout,omitempty"`
+
+	// PoolSize is go-redis' connection pool size. Default: go-redis' own.
+	PoolSize int `json:"pool_size,omitempty"`
+
+	// DialTimeout bounds connecting. Default: go-redis' own (5s).
+	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
+
+	// ReadTimeout bounds a read. Default: go-redis' own (3s).
+	ReadTimeout caddy.Duration `json:"read_timeout,omitempty"`
+
+	// WriteTimeout bounds a write. Default: go-redis' own (= ReadTimeout).
+	WriteTimeout caddy.Duration `json:"write_timeout,omitempty"`
+
+	// MaxRetries is how often a failed command is retried; -1 for never.
+	// Default: go-redis' own (3).
+	MaxRetries int `json:"max_retries,omitempty"`
+
+	// MinRetryBackoff is the least wait before a retry. Default: go-redis'.
+	MinRetryBackoff caddy.Duration `json:"min_retry_backoff,omitempty"`
+
+	// MaxRetryBackoff is the longest wait before a retry. Default: go-redis'.
+	MaxRetryBackoff caddy.Duration `json:"max_retry_backoff,omitempty"`
+
+	// CheckInterval is how often each instance compares the channels it
+	// watches with their history, to repair an announcement lost on a quiet
+	// channel, and pings its pub/sub connections. Default: 5s.
+	CheckInterval caddy.Duration `json:"check_interval,omitempty"`
+}
+
+// RedisTLS enables TLS to Redis.
+type RedisTLS struct {
+	// CA is a PEM file of the certificate authorities to trust instead of
+	// the system's.
+	CA string `json:"ca,omitempty"`
+}
+
+// redisOptions resolves placeholders, parses the URL and builds the broker
+// options; fallbackLocal comes from the handler. It does not connect.
+func (c *RedisConfig) redisOptions(fallbackLocal bool) (pubsub.RedisOptions, error) {
+	repl := caddy.NewReplacer()
+	opts := pubsub.RedisOptions{
+		Cluster: c.Cluster, MasterName: c.Sentinel, DB: c.DB, Prefix: c.Prefix,
+		WaitReplicas: c.WaitReplicas, WaitTimeout: time.Duration(c.WaitTimeout),
+		PoolSize: c.PoolSize, DialTimeout: time.Duration(c.DialTimeout),
+		ReadTimeout: time.Duration(c.ReadTimeout), WriteTimeout: time.Duration(c.WriteTimeout),
+		MaxRetries: c.MaxRetries, MinRetryBackoff: time.Duration(c.MinRetryBackoff),
+		MaxRetryBackoff: time.Duration(c.MaxRetryBackoff), CheckInterval: time.Duration(c.CheckInterval),
+		FallbackLocal: fallbackLocal,
+		Username:      repl.ReplaceKnown(c.Username, ""),
+		Password:      repl.ReplaceKnown(c.Password, ""),
+	}
+	for _, a := range c.Addresses {
+		opts.Addrs = append(opts.Addrs, repl.ReplaceKnown(a, ""))
+	}
+	if c.URL != "" {
+		if err := applyURL(&opts, repl.ReplaceKnown(c.URL, "")); err != nil {
+			return opts, err
+		}
+	}
+	if err := c.applyTLS(&opts); err != nil {
+		return opts, err
+	}
+	return opts, validateRedisOptions(opts)
+}
+
+// applyURL takes the address, credentials, database and TLS of a URL;
+// settings given separately win over the URL's.
+func applyURL(opts *pubsub.RedisOptions, raw string) error {
+	if strings.TrimSpace(raw) == "" {
+		return errors.New("redis: the URL is empty (is its environment variable set?)")
+	}
+	u, err := redis.ParseURL(raw)
+	if err != nil {
+		return fmt.Errorf("redis: malformed URL: %v", err)
+	}
+	opts.Addrs = append([]string{u.Addr}, opts.Addrs...)
+	if opts.Username == "" {
+		opts.Username = u.Username
+	}
+	if opts.Password == "" {
+		opts.Password = u.Password
+	}
+	if opts.DB == 0 {
+		opts.DB = u.DB
+	}
+	if u.TLSConfig != nil && opts.TLS == nil {
+		opts.TLS = u.TLSConfig
+	}
+	return nil
+}
+
+func (c *RedisConfig) applyTLS(opts *pubsub.RedisOptions) error {
+	if c.TLS == nil {
+		return nil
+	}
+	if opts.TLS == nil {
+		opts.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
+		if host, _, err := net.SplitHostPort(firstOr(opts.Addrs, "")); err == nil {
+			opts.TLS.ServerName = host
+		}
+	}
+	if c.TLS.CA == "" {
+		return nil
+	}
+	pem, err := os.ReadFile(caddy.NewReplacer().ReplaceKnown(c.TLS.CA, ""))
+	if err != nil {
+		return fmt.Errorf("redis: tls: reading the CA file: %v", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return fmt.Errorf("redis: tls: no certificate in %s", c.TLS.CA)
+	}
+	opts.TLS.RootCAs = pool
+	return nil
+}
+
+func firstOr(xs []string, def string) string {
+	if len(xs) > 0 {
+		return xs[0]
+	}
+	return def
+}
+
+func validateRedisOptions(o pubsub.RedisOptions) error {
+	if len(o.Addrs) == 0 {
+		return errors.New("redis: give a URL or addresses")
+	}
+	for _, a := range o.Addrs {
+		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+			return fmt.Errorf("redis: address %q is not host:port", a)
+		}
+	}
+	if o.MasterName == "" && (o.Cluster || len(o.Addrs) > 1) && o.DB != 0 {
+		return errors.New("redis: a cluster has only database 0")
+	}
+	if o.WaitReplicas < 0 || o.PoolSize < 0 || o.DB < 0 {
+		return errors.New("redis: wait_replicas, pool_size and db must not be negative")
+	}
+	return nil
+}
+
+// hubKey identifies a Redis hub in the pool: every setting, so that a
+// reload with the same settings keeps the hub (and its subscriptions) and a
+// reload with other settings gets a hub that uses them. The password is in
+// it only as part of an in-memory map key.
+func hubKeyOf(o pubsub.RedisOptions, tlsCA string) string {
+	o.Logger = nil
+	tlsOn := o.TLS != nil
+	o.TLS = nil
+	raw, _ := json.Marshal(struct {
+		pubsub.RedisOptions
+		TLS bool
+		CA  string
+	}{o, tlsOn, tlsCA})
+	return "redis " + string(raw)
+}
+
+// unmarshalRedis parses `redis <url>` or a redis block.
+func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		c.URL = d.Val()
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+		if d.NextBlock(d.Nesting()) {
+			return d.Err("redis: give a URL or a block, not both")
+		}
+		return nil
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if err := c.unmarshalSubdirective(d, d.Val()); err != nil {
+			return err
+		}
+	}
+	if c.URL == "" && len(c.Addresses) == 0 {
+		return d.Err("redis: give a url or addresses")
+	}
+	return nil
+}
+
+func (c *RedisConfig) unmarshalSubdirective(d *caddyfile.Dispenser, name string) error {
+	switch name {
+	case "url":
+		return oneString(d, &c.URL)
+	case "addresses":
+		c.Addresses = d.RemainingArgs()
+		if len(c.Addresses) == 0 {
+			return d.ArgErr()
+		}
+		return nil
+	case "cluster":
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+		c.Cluster = true
+		return nil
+	case "sentinel":
+		return oneString(d, &c.Sentinel)
+	case "username":
+		return oneString(d, &c.Username)
+	case "password":
+		return oneString(d, &c.Password)
+	case "db":
+		return oneInt(d, &c.DB)
+	case "tls":
+		c.TLS = &RedisTLS{}
+		if d.NextArg() {
+			c.TLS.CA = d.Val()
+		}
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+		return nil
+	case "prefix":
+		return oneString(d, &c.Prefix)
+	case "wait_replicas":
+		return c.unmarshalWait(d)
+	case "pool_size":
+		return oneInt(d, &c.PoolSize)
+	case "max_retries":
+		return c.unmarshalRetries(d)
+	case "dial_timeout":
+		return oneDuration(d, &c.DialTimeout)
+	case "read_timeout":
+		return oneDuration(d, &c.ReadTimeout)
+	case "write_timeout":
+		return oneDuration(d, &c.WriteTimeout)
+	case "min_retry_backoff":
+		return oneDuration(d, &c.MinRetryBackoff)
+	case "max_retry_backoff":
+		return oneDuration(d, &c.MaxRetryBackoff)
+	case "check_interval":
+		return oneDuration(d, &c.CheckInterval)
+	default:
+		return d.Errf("unrecognized redis subdirective %q", name)
+	}
+}
+
+func (c *RedisConfig) unmarshalWait(d *caddyfile.Dispenser) error {
+	args := d.RemainingArgs()
+	if len(args) < 1 || len(args) > 2 {
+		return d.ArgErr()
+	}
+	n, err := strconv.Atoi(args[0])
+	if err != nil || n < 0 {
+		return d.Errf("wait_replicas: count must be a non-negative integer, got %q", args[0])
+	}
+	c.WaitReplicas = n
+	if len(args) == 2 {
+		dur, err := caddy.ParseDuration(args[1])
+		if err != nil || dur <= 0 {
+			return d.Errf("wait_replicas: timeout must be a positive duration, got %q", args[1])
+		}
+		c.WaitTimeout = caddy.Duration(dur)
+	}
+	return nil
+}
+
+func (c *RedisConfig) unmarshalRetries(d *caddyfile.Dispenser) error {
+	var s string
+	if err := oneString(d, &s); err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < -1 {
+		return d.Errf("max_retries: must be -1 (never) or more, got %q", s)
+	}
+	c.MaxRetries = n
+	return nil
+}

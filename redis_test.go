@@ -1,0 +1,290 @@
+package caddysse
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-sse/caddy-sse/internal/redistest"
+)
+
+// redisSite is a site whose sse handler uses the Redis at url.
+func redisSite(url string, extra ...string) string {
+	return `
+:{PORT} {
+	sse /events {
+		channel {query.channels}
+		redis {
+			url ` + url + `
+			dial_timeout 300ms
+			read_timeout 1s
+			write_timeout 1s
+			max_retries -1
+			check_interval 300ms
+		}
+		` + strings.Join(extra, "\n\t\t") + `
+		publish {
+			secret ` + testSecret + `
+		}
+	}
+}
+`
+}
+
+func waitShardSubscribers(t *testing.T, srv *redistest.Server, key string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	var out string
+	for time.Now().Before(deadline) {
+		out, _ = srv.CLI("PUBSUB", "SHARDNUMSUB", key)
+		if f := strings.Fields(out); len(f) == 2 && f[1] == fmt.Sprint(n) {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s has subscribers %q, want %d", key, out, n)
+}
+
+func TestRedisPublishSubscribeAndReplay(t *testing.T) {
+	rds := redistest.Start(t)
+	srv := startCaddy(t, redisSite(rds.URL()))
+	c := srv.subscribe("/events?channels=a", nil)
+	waitShardSubscribers(t, rds, "sse:{a}", 1)
+	ids := srv.publishN("a", "e", 1, 5)
+	if got := c.nextData(5); fmt.Sprint(got) != "[e1 e2 e3 e4 e5]" {
+		t.Fatalf("live: %v", got)
+	}
+	if n := rds.MustCLI("XLEN", "sse:{a}:s"); n != "5" {
+		t.Fatalf("the history in Redis has %s events", n)
+	}
+	r := srv.subscribe("/events?channels=a", header("Last-Event-ID", ids[2]))
+	if got := r.nextData(3); fmt.Sprint(got) != "[e3 e4 e5]" {
+		t.Fatalf("replay from Redis: %v", got)
+	}
+}
+
+// While Redis is down: publishing answers 503 with Retry-After, open
+// streams stay open with heartbeats, a new stream opens live-only with
+// sse_degraded; once Redis is back that stream replays from its cursor and
+// continues live.
+func TestRedisOutage(t *testing.T) {
+	rds := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
+	srv := startCaddy(t, redisSite(rds.URL(), "heartbeat 200ms"))
+	open := srv.subscribe("/events?channels=a", nil)
+	waitShardSubscribers(t, rds, "sse:{a}", 1)
+	ids := srv.publishN("a", "e", 1, 3)
+	open.nextData(3)
+
+	rds.Kill()
+	status, body := srv.post("/events", "application/json", mustJSON(t, map[string]any{"channel": "a", "data": "x"}), nil)
+	if status != http.StatusServiceUnavailable || !strings.Contains(string(body), "publish_failed") {
+		t.Fatalf("publish with Redis down: %d %s", status, body)
+	}
+	resp := do(t, http.MethodPost, srv.base+"/events", header("Content-Type", "application/json", "Authorization", "Bearer "+testSecret), `{"channel":"a"}`)
+	resp.Body.Close()
+	if resp.Header.Get("Retry-After") == "" {
+		t.Fatal("503 without Retry-After")
+	}
+	open.comment("heartbeat") // the open stream survives
+
+	degraded := srv.subscribe("/events?channels=a", header("Last-Event-ID", ids[1]))
+	ev := degraded.next()
+	if ev.Type != "sse_degraded" {
+		t.Fatalf("first event %+v, want sse_degraded", ev)
+	}
+	rds.Restart() // with its append-only file: the history is back
+	if got := degraded.nextData(2); fmt.Sprint(got) != "[e2 e3]" {
+		t.Fatalf("replay after Redis came back: %v", got)
+	}
+	waitShardSubscribers(t, rds, "sse:{a}", 1)
+	srv.publish("/events", map[string]any{"channel": "a", "data": "e4"})
+	for _, c := range []*sseClient{open, degraded} {
+		if got := c.next(); got.Data != "e4" {
+			t.Fatalf("live after the outage: %+v", got)
+		}
+	}
+}
+
+// A reload with the same Redis settings keeps the hub: no duplicate Redis
+// subscription, and the history stays.
+func TestRedisReloadDoesNotDuplicateSubscriptions(t *testing.T) {
+	rds := redistest.Start(t)
+	site := redisSite(rds.URL())
+	srv := startCaddy(t, site)
+	c := srv.subscribe("/events?channels=a", nil)
+	waitShardSubscribers(t, rds, "sse:{a}", 1)
+	srv.publish("/events", map[string]any{"channel": "a", "data": "before"})
+	last := c.next()
+	srv.reload(site)
+	if ev := c.next(); ev.Type != "server_closing" {
+		t.Fatalf("got %+v", ev)
+	}
+	r := srv.subscribe("/events?channels=a", header("Last-Event-ID", last.ID))
+	waitShardSubscribers(t, rds, "sse:{a}", 1)
+	srv.publish("/events", map[string]any{"channel": "a", "data": "after"})
+	if got := r.next(); got.Data != "after" {
+		t.Fatalf("got %+v", got)
+	}
+	// and again after a few more reloads
+	for range 3 {
+		srv.reload(site)
+	}
+	srv.subscribe("/events?channels=a", nil)
+	waitShardSubscribers(t, rds, "sse:{a}", 1)
+}
+
+func TestRedisFallbackLocal(t *testing.T) {
+	rds := redistest.Start(t)
+	srv := startCaddy(t, redisSite(rds.URL(), "fallback local"))
+	c := srv.subscribe("/events?channels=a", nil)
+	waitShardSubscribers(t, rds, "sse:{a}", 1)
+	srv.publish("/events", map[string]any{"channel": "a", "data": "via redis"})
+	c.next()
+	rds.Kill()
+	srv.publish("/events", map[string]any{"channel": "a", "data": "local"})
+	ev := c.next()
+	if ev.Data != "local" {
+		t.Fatalf("got %+v", ev)
+	}
+	// a cursor that includes the local event is answered as truncated
+	rds.Restart()
+	r := srv.subscribe("/events?channels=a", header("Last-Event-ID", ev.ID))
+	if r.resp.Header.Get("X-Replay-Truncated") != "true" {
+		t.Fatal("a cursor with a local-fallback event must be truncated")
+	}
+}
+
+func TestRedisConfigErrors(t *testing.T) {
+	cases := []struct{ name, redis, want string }{
+		{"malformed url", "redis ftp://nope", "malformed URL"},
+		{"unset url variable", "redis {env.CADDY_SSE_TEST_UNSET_REDIS_URL}", "URL is empty"},
+		{"address without port", "redis {\n\t\t\taddresses localhost\n\t\t}", "not host:port"},
+		{"cluster with db", "redis {\n\t\t\taddresses 127.0.0.1:1 127.0.0.1:2\n\t\t\tdb 2\n\t\t}", "only database 0"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := adapt(t, globalOptions("")+`
+:`+itoa(freePort(t))+` {
+	sse /events {
+		channel a
+		`+tc.redis+`
+	}
+}
+`)
+			err := caddy.Load(cfg, true)
+			if err == nil {
+				_ = caddy.Stop()
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+	t.Run("fallback without redis", func(t *testing.T) {
+		h := validHandler()
+		h.Fallback = "local"
+		if err := h.Validate(); err == nil || !strings.Contains(err.Error(), "needs redis") {
+			t.Fatalf("error %v", err)
+		}
+	})
+}
+
+// Caddy starts while Redis is down: provisioning never touches the network.
+func TestRedisDownAtStart(t *testing.T) {
+	port := redistest.FreePort(t) // nothing listens there
+	srv := startCaddy(t, redisSite(fmt.Sprintf("redis://127.0.0.1:%d", port)))
+	c := srv.subscribe("/events?channels=a", nil)
+	if ev := c.next(); ev.Type != "sse_degraded" {
+		t.Fatalf("got %+v", ev)
+	}
+}
+
+func TestRedisMetricsAndStats(t *testing.T) {
+	rds := redistest.Start(t)
+	srv := startCaddy(t, redisSite(rds.URL())+`
+:{PORT2} {
+	metrics /metrics
+}
+`)
+	srv.subscribe("/events?channels=a,b", nil)
+	waitShardSubscribers(t, rds, "sse:{b}", 1)
+	resp := do(t, http.MethodGet, srv.base2+"/metrics", nil, "")
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	text := string(raw)
+	for _, want := range []string{"caddy_sse_redis_up 1", "caddy_sse_redis_channels_subscribed 2"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+}
+
+// A Redis Cluster through Caddy: channels on every primary fan out and
+// replay.
+func TestRedisClusterThroughCaddy(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	srv := startCaddy(t, `
+:{PORT} {
+	sse /events {
+		channel {query.channels}
+		redis {
+			addresses `+strings.Join(cluster.Addrs(), " ")+`
+		}
+		publish {
+			secret `+testSecret+`
+		}
+	}
+}
+`)
+	// names whose hash slots are on three different primaries (0-5460,
+	// 5461-10922, 10923-16383 after --cluster create)
+	channels := "a,b,c"
+	c := srv.subscribe("/events?channels="+channels, nil)
+	for _, ch := range strings.Split(channels, ",") {
+		waitShardSubscribers(t, cluster.NodeOfSlot(t, slotOf(ch)), "sse:{"+ch+"}", 1)
+	}
+	owners := map[string]bool{}
+	for _, ch := range strings.Split(channels, ",") {
+		owners[cluster.NodeOfSlot(t, slotOf(ch)).Addr()] = true
+	}
+	if len(owners) != 3 {
+		t.Fatalf("channels %s are on %d primaries, want 3", channels, len(owners))
+	}
+	var first map[int]string
+	for i, ch := range strings.Split(channels, ",") {
+		ids := srv.publishN(ch, ch, 1, 2)
+		if i == 0 {
+			first = ids
+		}
+	}
+	got := c.nextData(6)
+	if fmt.Sprint(got) != "[a1 a2 b1 b2 c1 c2]" {
+		t.Fatalf("live: %v", got)
+	}
+	r := srv.subscribe("/events?channels=a", header("Last-Event-ID", first[1]))
+	if got := r.nextData(1); got[0] != "a2" {
+		t.Fatalf("replay: %v", got)
+	}
+}
+
+// slotOf is Redis Cluster's hash slot of a channel's keys (CRC-16/XMODEM
+// of the hash tag, which is the channel).
+func slotOf(channel string) int {
+	var crc uint16
+	for i := 0; i < len(channel); i++ {
+		crc ^= uint16(channel[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc) % 16384
+}
