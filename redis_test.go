@@ -288,3 +288,103 @@ func slotOf(channel string) int {
 	}
 	return int(crc) % 16384
 }
+
+// After FLUSHALL a reconnect with an old id is told its replay is
+// truncated (header and event), then gets the correct new events.
+func TestRedisFlushAllTruncatesOldCursors(t *testing.T) {
+	rds := redistest.Start(t)
+	srv := startCaddy(t, redisSite(rds.URL()))
+	old := srv.publishN("a", "old", 1, 3)
+	rds.MustCLI("FLUSHALL")
+	srv.publishN("a", "new", 1, 2)
+	c := srv.subscribe("/events?channels=a", header("Last-Event-ID", old[3]))
+	if c.resp.Header.Get("X-Replay-Truncated") != "true" {
+		t.Fatal("missing X-Replay-Truncated")
+	}
+	assertTruncatedEvent(t, c.next(), "a")
+	if got := c.nextData(2); fmt.Sprint(got) != "[new1 new2]" {
+		t.Fatalf("after the truncation: %v", got)
+	}
+}
+
+// A Sentinel failover that loses an acknowledged event: the stream that
+// wrote it is not fed the event that took its seq on the new primary as
+// if nothing happened — it ends — and its reconnect with the lost event's
+// id is answered as truncated, then gets the new events.
+func TestRedisFailoverLosingAnEventIsTruncation(t *testing.T) {
+	s := redistest.StartSentinel(t)
+	srv := startCaddy(t, `
+:{PORT} {
+	sse /events {
+		channel {query.channels}
+		redis {
+			addresses `+s.Sentinel.Addr()+`
+			sentinel `+s.Master+`
+			dial_timeout 300ms
+			read_timeout 1s
+			write_timeout 1s
+			check_interval 300ms
+		}
+		publish {
+			secret `+testSecret+`
+		}
+	}
+}
+`)
+	c := srv.subscribe("/events?channels=f", nil)
+	waitShardSubscribers(t, s.Primary, "sse:{f}", 1)
+	srv.publish("/events", map[string]any{"channel": "f", "data": "kept"})
+	c.next()
+	waitReplicaHas(t, s.Replica, "sse:{f}:s", "1")
+
+	// the replica misses what comes next: frozen, and cut off by the
+	// primary so that nothing waits for it in its socket either
+	s.Replica.Pause()
+	s.Primary.MustCLI("CLIENT", "KILL", "TYPE", "replica")
+	srv.publish("/events", map[string]any{"channel": "f", "data": "lost"})
+	lost := c.next()
+	if lost.Data != "lost" {
+		t.Fatalf("got %+v", lost)
+	}
+	s.Primary.Kill()
+	s.Replica.Resume()
+	deadline := time.Now().Add(30 * time.Second)
+	for s.MasterPort(t) != s.Replica.Port {
+		if time.Now().After(deadline) {
+			t.Fatal("no failover")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// the new primary gives the lost event's seq to a new event
+	for {
+		status, _ := srv.post("/events", "application/json", mustJSON(t, map[string]any{"channel": "f", "data": "new"}), nil)
+		if status == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("publishing after the failover: %d", status)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	c.expectEnd() // never "new" in place of "lost"
+	r := srv.subscribe("/events?channels=f", header("Last-Event-ID", lost.ID))
+	if r.resp.Header.Get("X-Replay-Truncated") != "true" {
+		t.Fatal("a cursor at an event lost in the failover must be truncated")
+	}
+	assertTruncatedEvent(t, r.next(), "f")
+	if got := r.nextData(2); fmt.Sprint(got) != "[kept new]" {
+		t.Fatalf("after the truncation: %v", got)
+	}
+}
+
+func waitReplicaHas(t *testing.T, replica *redistest.Server, key, n string) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for time.Now().Before(deadline) {
+		if out, _ := replica.CLI("XLEN", key); out == n {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s did not reach the replica", key)
+}

@@ -132,7 +132,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.publishTimeout, "publish-timeout", 10*time.Second, "time limit for one publish request")
 	fs.DurationVar(&c.reloadTimeout, "reload-timeout", 30*time.Second, "time limit for the reload request")
 	fs.DurationVar(&c.waitTimeout, "wait-timeout", 60*time.Second, "reconnect: time limit for every client to have every event")
-	fs.DurationVar(&c.totalTimeout, "timeout", 10*time.Minute, "hard limit for the whole run (the watchdog prints what it has and exits)")
+	fs.DurationVar(&c.totalTimeout, "timeout", 10*time.Minute, "hard limit for the whole run, plus -quiet-wait (the watchdog prints what it has and exits)")
 	fs.DurationVar(&c.defaultRetry, "default-retry", 3*time.Second, "reconnection time before the server sent retry:")
 	fs.DurationVar(&c.closeJitter, "close-jitter", 5*time.Second, "reconnect: the server's close_jitter (the target is close_jitter + 5s)")
 	fs.DurationVar(&c.quietWait, "quiet-wait", 0, "before measuring, wait up to this long for the machine's other processes to use less than -quiet-cores (other agents' test runs skew the figures)")
@@ -303,7 +303,8 @@ func run(args []string) int {
 			os.Exit(3)
 		})
 	}
-	watchdog := time.AfterFunc(cfg.totalTimeout, func() { abort(fmt.Sprintf("run exceeded -timeout %s", cfg.totalTimeout)) })
+	limit := cfg.totalTimeout + cfg.quietWait
+	watchdog := time.AfterFunc(limit, func() { abort(fmt.Sprintf("run exceeded -timeout %s (+ -quiet-wait)", cfg.totalTimeout)) })
 	defer watchdog.Stop()
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)

@@ -139,6 +139,13 @@ func (s *Server) Kill() {
 	s.cmd = nil
 }
 
+// Pause freezes the server (SIGSTOP): it neither answers nor replicates
+// until Resume.
+func (s *Server) Pause() { _ = s.cmd.Process.Signal(syscall.SIGSTOP) }
+
+// Resume lets a paused server run again (SIGCONT).
+func (s *Server) Resume() { _ = s.cmd.Process.Signal(syscall.SIGCONT) }
+
 // Stop ends the server (used at cleanup).
 func (s *Server) Stop() { s.Kill() }
 
