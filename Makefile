@@ -24,12 +24,12 @@ SSEBENCH = $(BENCH_TOOL)
 SPAWN    = -spawn "$(BENCH_CADDY) run --config $(BENCH_CONFIG)" -admin $(BENCH_ADMIN) -out $(BENCH_OUT) $(BENCH_QUIET) $(BENCH_FLAGS)
 SPAWN_TLS = -spawn "$(BENCH_CADDY) run --config $(BENCH_TLS_CONFIG)" -admin $(BENCH_ADMIN) -out $(BENCH_OUT) $(BENCH_QUIET) $(BENCH_FLAGS)
 
-.PHONY: bench bench-build bench-idle bench-fanout bench-fanout20 bench-spread bench-ramp bench-churn \
-	bench-reconnect bench-scaleout bench-idle-tls bench-idle-h2 bench-profile-fanout bench-profile-fanout20 \
-	bench-profile-idle
+.PHONY: bench bench-build bench-idle bench-fanout bench-fanout20 bench-fanout30 bench-spread bench-ramp bench-churn \
+	bench-reconnect bench-scaleout bench-idle-tls bench-idle-h2 bench-floor bench-profile-fanout bench-profile-fanout20 \
+	bench-profile-idle bench-profile-churn
 
-## bench: every scenario of the performance issue (about 6 minutes)
-bench: bench-idle bench-fanout bench-fanout20 bench-spread bench-ramp bench-churn bench-reconnect bench-scaleout
+## bench: every scenario of the performance issue (about 8 minutes on a quiet machine)
+bench: bench-idle bench-fanout bench-fanout20 bench-fanout30 bench-spread bench-ramp bench-churn bench-reconnect bench-scaleout
 
 ## bench-build: BENCH_NOBUILD=1 keeps an existing $(BENCH_CADDY) (e.g. a build of another commit)
 bench-build:
@@ -44,9 +44,14 @@ bench-idle: bench-build
 bench-fanout: bench-build
 	$(SSEBENCH) fanout -url $(BENCH_URL) -conns $(BENCH_CONNS) -rate 5 -duration 30s $(SPAWN)
 
-## fanout20: the same at 20 events/s (200k deliveries/s asked; saturates the box)
+## fanout20: the same at 20 events/s (200k deliveries/s offered; saturates the box). Publishers do not wait
+## for each other (-ordered=false): one sequential publisher is slowed by the loaded server and cannot offer 20/s
 bench-fanout20: bench-build
-	$(SSEBENCH) fanout -url $(BENCH_URL) -conns $(BENCH_CONNS) -rate 20 -duration 30s -drain 60s $(SPAWN)
+	$(SSEBENCH) fanout -url $(BENCH_URL) -conns $(BENCH_CONNS) -rate 20 -duration 30s -drain 60s -ordered=false -publishers 16 $(SPAWN)
+
+## fanout30: 300k deliveries/s offered, to see past the 220k/s target
+bench-fanout30: bench-build
+	$(SSEBENCH) fanout -url $(BENCH_URL) -conns $(BENCH_CONNS) -rate 30 -duration 30s -drain 60s -ordered=false -publishers 16 $(SPAWN)
 
 ## spread: 10k subscribers over 1000 channels, 500 events/s
 bench-spread: bench-build
@@ -56,9 +61,9 @@ bench-spread: bench-build
 bench-ramp: bench-build
 	$(SSEBENCH) idle -url $(BENCH_URL) -conns $(BENCH_CONNS) -channels 1000 -settle 0 $(SPAWN)
 
-## churn: 2000 new streams/s, each open 1 s, for 10 s
+## churn: 5000 new streams/s, each open 1 s, for 10 s
 bench-churn: bench-build
-	$(SSEBENCH) churn -url $(BENCH_URL) -conn-rate 2000 -hold 1s -duration 10s $(SPAWN)
+	$(SSEBENCH) churn -url $(BENCH_URL) -conn-rate 5000 -hold 1s -duration 10s $(SPAWN)
 
 ## reconnect: 10k streams, a forced reload (POST /load), 100 events meanwhile
 bench-reconnect: bench-build
@@ -75,6 +80,12 @@ bench-idle-tls: bench-build
 bench-idle-h2: bench-build
 	$(SSEBENCH) idle -url $(BENCH_TLS_URL) -engine std -proto h2 -h2-conns 40 -conns $(BENCH_CONNS) -channels 1000 $(SPAWN_TLS)
 
+## floor: the same fanout and spread against `ssebench floor-server`, a bare reference server (one write per
+## delivery, nothing else): what the kernel's loopback TCP and the load generator cost on this machine
+bench-floor: bench-build
+	$(SSEBENCH) fanout -url http://127.0.0.1:9090/events -conns $(BENCH_CONNS) -rate 5 -duration 30s -spawn "$(BENCH_TOOL) floor-server -addr 127.0.0.1:9090" -out $(BENCH_OUT) $(BENCH_QUIET) $(BENCH_FLAGS)
+	$(SSEBENCH) spread -url http://127.0.0.1:9090/events -conns $(BENCH_CONNS) -channels 1000 -rate 500 -duration 30s -spawn "$(BENCH_TOOL) floor-server -addr 127.0.0.1:9090" -out $(BENCH_OUT) $(BENCH_QUIET) $(BENCH_FLAGS)
+
 ## profiles (admin /debug/pprof) into $(BENCH_PROFILES); read with go tool pprof -top $(BENCH_CADDY) <file>
 bench-profile-fanout: bench-build
 	mkdir -p $(BENCH_PROFILES)
@@ -82,7 +93,11 @@ bench-profile-fanout: bench-build
 
 bench-profile-fanout20: bench-build
 	mkdir -p $(BENCH_PROFILES)
-	$(SSEBENCH) fanout -url $(BENCH_URL) -conns $(BENCH_CONNS) -rate 20 -duration 30s -drain 60s -server-cpuprofile $(BENCH_PROFILES)/fanout20-cpu.pprof $(SPAWN)
+	$(SSEBENCH) fanout -url $(BENCH_URL) -conns $(BENCH_CONNS) -rate 20 -duration 30s -drain 60s -ordered=false -publishers 16 -server-cpuprofile $(BENCH_PROFILES)/fanout20-cpu.pprof $(SPAWN)
+
+bench-profile-churn: bench-build
+	mkdir -p $(BENCH_PROFILES)
+	$(SSEBENCH) churn -url $(BENCH_URL) -conn-rate 5000 -hold 1s -duration 10s -server-cpuprofile $(BENCH_PROFILES)/churn-cpu.pprof $(SPAWN)
 
 bench-profile-idle: bench-build
 	mkdir -p $(BENCH_PROFILES)

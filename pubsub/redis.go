@@ -62,6 +62,7 @@ type Redis struct {
 // read or watch does, so a server starts while Redis is down.
 func NewRedis(opts RedisOptions, deliver DeliverFunc) (*Redis, error) {
 	opts.applyDefaults()
+	routeRedisLogsTo(opts.Logger)
 	client, cluster, err := opts.newClient()
 	if err != nil {
 		return nil, err
