@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -20,6 +19,7 @@ import (
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
+	"github.com/caddy-sse/caddy-sse/internal/freeport"
 	"github.com/caddy-sse/caddy-sse/replay"
 )
 
@@ -39,15 +39,10 @@ type testServer struct {
 	base2 string // the second site, when the sites use {PORT2}
 }
 
-// freePort returns a loopback TCP port that was free a moment ago.
+// freePort returns a port free on every interface (see internal/freeport).
 func freePort(t testing.TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return freeport.Get(t, false)
 }
 
 // globalOptions keep tests from touching the admin port, the user's config
@@ -69,10 +64,22 @@ func globalOptions(extra string) string {
 // for a second site) as their port, and stops it when the test ends.
 func startCaddy(t *testing.T, sites string, globals ...string) *testServer {
 	t.Helper()
-	port, port2 := freePort(t), freePort(t)
-	sites = strings.ReplaceAll(sites, "{PORT}", strconv.Itoa(port))
-	sites = strings.ReplaceAll(sites, "{PORT2}", strconv.Itoa(port2))
-	loadCaddyfile(t, globalOptions(strings.Join(globals, "\n"))+sites)
+	var port, port2 int
+	// a port free a moment ago may be taken meanwhile by another test
+	// package running in parallel: try again with others
+	for attempt := 1; ; attempt++ {
+		port, port2 = freePort(t), freePort(t)
+		text := strings.ReplaceAll(sites, "{PORT}", strconv.Itoa(port))
+		text = strings.ReplaceAll(text, "{PORT2}", strconv.Itoa(port2))
+		text = globalOptions(strings.Join(globals, "\n")) + text
+		err := caddy.Load(adapt(t, text), true)
+		if err == nil {
+			break
+		}
+		if attempt == 5 || !strings.Contains(err.Error(), "address already in use") {
+			t.Fatalf("loading config: %v\n%s", err, text)
+		}
+	}
 	t.Cleanup(func() {
 		if err := caddy.Stop(); err != nil {
 			t.Errorf("stopping caddy: %v", err)

@@ -5,17 +5,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/caddy-sse/caddy-sse/internal/freeport"
 )
 
 // caddyBin is the caddy binary built by TestMain.
@@ -72,44 +72,12 @@ func moduleRoot() (string, error) {
 	return filepath.Dir(gomod), nil
 }
 
-// Ports that are never handed out, even if free: well-known ports of
-// things a developer may start later (Caddy's admin, Redis, ...).
-var reservedPorts = map[int]bool{80: true, 443: true, 2019: true, 6379: true, 8080: true, 8443: true}
-
-var (
-	portsMu   sync.Mutex
-	portsUsed = map[int]bool{}
-)
-
-// freePort returns a TCP port that was free on 127.0.0.1 (and, with udp,
-// for UDP too, which HTTP/3 needs), never the same twice in a run.
+// freePort returns a port free on every interface (and, with udp, for UDP
+// too, which HTTP/3 needs), never the same twice in a run; see
+// internal/freeport.
 func freePort(t *testing.T, udp bool) int {
 	t.Helper()
-	portsMu.Lock()
-	defer portsMu.Unlock()
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatalf("picking a free port: %v", err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		if udp {
-			pc, err := net.ListenPacket("udp", "127.0.0.1:"+strconv.Itoa(port))
-			if err != nil {
-				_ = l.Close()
-				continue
-			}
-			_ = pc.Close()
-		}
-		_ = l.Close()
-		if reservedPorts[port] || portsUsed[port] {
-			continue
-		}
-		portsUsed[port] = true
-		return port
-	}
-	t.Fatal("could not find a free port")
-	return 0
+	return freeport.Get(t, udp)
 }
 
 // lockedBuffer collects a process's output from several goroutines.

@@ -7,17 +7,18 @@ package redistest
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/caddy-sse/caddy-sse/internal/freeport"
 )
 
 // Require skips (or, with CI=true, fails) a test when redis-server or
@@ -34,33 +35,11 @@ func Require(t testing.TB) {
 	}
 }
 
-var (
-	portsMu sync.Mutex
-	given   = map[int]bool{}
-)
-
-// FreePort returns a loopback port that was free a moment ago and that no
-// other caller of this package got before (never 6379: that one is not ours).
+// FreePort returns a port free for a redis-server (and its cluster bus at
+// port+10000); see package freeport.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	portsMu.Lock()
-	defer portsMu.Unlock()
-	for range 100 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
-		// cluster nodes also use port+10000 for their bus
-		if port == 6379 || port+10000 > 65535 || given[port] {
-			continue
-		}
-		given[port] = true
-		return port
-	}
-	t.Fatal("no free port")
-	return 0
+	return freeport.Get(t, false)
 }
 
 // Server is one redis-server process.
@@ -84,48 +63,67 @@ func (s *Server) URL() string { return "redis://" + s.Addr() }
 func Start(t testing.TB, extra ...string) *Server {
 	t.Helper()
 	Require(t)
-	s := &Server{t: t, Port: FreePort(t), Dir: t.TempDir()}
+	s := &Server{t: t, Dir: t.TempDir()}
 	s.args = append([]string{
 		"--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--dir", s.Dir, "--daemonize", "no", "--loglevel", "warning",
 	}, extra...)
-	s.Restart()
 	t.Cleanup(s.Stop)
-	return s
+	// a port free a moment ago may be taken meanwhile by another test
+	// package running in parallel: try again with others
+	for attempt := 1; ; attempt++ {
+		s.Port = FreePort(t)
+		err := s.start()
+		if err == nil {
+			return s
+		}
+		if attempt == 5 || !strings.Contains(err.Error(), "Address already in use") {
+			t.Fatal(err)
+		}
+	}
 }
 
 // Restart starts the server again on the same port (after Kill or Stop).
 func (s *Server) Restart() {
 	s.t.Helper()
-	if s.cmd != nil {
-		s.t.Fatal("redistest: Restart of a running server")
-	}
-	log, err := os.OpenFile(filepath.Join(s.Dir, "redis.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
-	if err != nil {
+	if err := s.start(); err != nil {
 		s.t.Fatal(err)
+	}
+}
+
+func (s *Server) start() error {
+	if s.cmd != nil {
+		return errors.New("redistest: start of a running server")
+	}
+	log, err := os.OpenFile(filepath.Join(s.Dir, "redis.log"), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
 	}
 	args := append([]string{"--port", strconv.Itoa(s.Port)}, s.args...)
 	cmd := exec.Command("redis-server", args...)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
-		s.t.Fatalf("starting redis-server: %v", err)
+		return fmt.Errorf("starting redis-server: %v", err)
 	}
 	s.cmd, s.log = cmd, log
-	s.waitReady()
+	if err := s.waitReady(); err != nil {
+		s.Kill()
+		return err
+	}
+	return nil
 }
 
-func (s *Server) waitReady() {
-	s.t.Helper()
+func (s *Server) waitReady() error {
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		if out, err := s.CLI("PING"); err == nil && strings.TrimSpace(out) == "PONG" {
-			return
+			return nil
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	data, _ := os.ReadFile(filepath.Join(s.Dir, "redis.log"))
-	s.t.Fatalf("redis-server on %d did not start:\n%s", s.Port, data)
+	return fmt.Errorf("redis-server on %d did not start:\n%s", s.Port, data)
 }
 
 // Kill ends the server abruptly (SIGKILL): a crash.
@@ -344,7 +342,9 @@ func (s *Server) startWithConfig(conf string) {
 		s.t.Fatalf("starting redis sentinel: %v", err)
 	}
 	s.cmd, s.log = cmd, log
-	s.waitReady()
+	if err := s.waitReady(); err != nil {
+		s.t.Fatal(err)
+	}
 }
 
 func (s *Sentinel) waitReplicating(t testing.TB) {
