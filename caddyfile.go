@@ -59,6 +59,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			check_interval <duration>   # default 5s
 //		}
 //		fallback local                  # deliver locally while Redis is down
+//		writer net_http|takeover        # default net_http
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume the directive name
@@ -131,6 +132,8 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, name string) err
 		return h.Redis.unmarshalCaddyfile(d)
 	case "fallback":
 		return oneString(d, &h.Fallback)
+	case "writer":
+		return oneString(d, &h.Writer)
 	default:
 		return d.Errf("unrecognized sse subdirective %q", name)
 	}

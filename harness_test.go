@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -28,6 +29,12 @@ import (
 // parallel) on free loopback ports, and talk to it with real HTTP clients.
 
 const testSecret = "test-secret"
+
+// requestClient sends the tests' requests other than streams (publishes,
+// refusals). Without keep-alive: a connection kept from before a reload is
+// closed by the old server, and a POST sent on it fails instead of being
+// retried.
+var requestClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 
 // waitFor is the deadline for anything a test waits for.
 const waitFor = 10 * time.Second
@@ -90,8 +97,26 @@ func startCaddy(t *testing.T, sites string, globals ...string) *testServer {
 		base2: fmt.Sprintf("http://127.0.0.1:%d", port2)}
 }
 
+// sseBlock matches the opening line of an sse directive's block.
+var sseBlock = regexp.MustCompile(`(?m)^(\s*)sse\b[^\n{]*\{[ \t]*$`)
+
+// writerLine matches a writer line that withTestWriter put in.
+var writerLine = regexp.MustCompile(`(?m)^[ \t]*writer (net_http|takeover)[ \t]*\n`)
+
+// withTestWriter puts `writer <mode>` into every sse block when
+// SSE_TEST_WRITER is set, so that the whole suite runs with each writer.
+func withTestWriter(caddyfile string) string {
+	mode := os.Getenv("SSE_TEST_WRITER")
+	if mode == "" {
+		return caddyfile
+	}
+	caddyfile = writerLine.ReplaceAllString(caddyfile, "") // idempotent
+	return sseBlock.ReplaceAllString(caddyfile, "$0\n${1}\twriter "+mode)
+}
+
 func adapt(t testing.TB, caddyfile string) []byte {
 	t.Helper()
+	caddyfile = withTestWriter(caddyfile)
 	cfg, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), map[string]any{"filename": "Caddyfile"})
 	if err != nil {
 		t.Fatalf("adapting Caddyfile: %v\n%s", err, caddyfile)
@@ -145,7 +170,7 @@ func (s *testServer) post(path, contentType string, body []byte, header http.Hea
 	for k, v := range header {
 		req.Header[k] = v
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := requestClient.Do(req)
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -212,10 +237,19 @@ func openStream(t testing.TB, url string, header http.Header, client *http.Clien
 	for k, v := range header {
 		req.Header[k] = v
 	}
-	resp, err := client.Do(req)
-	if err != nil {
-		cancel()
-		t.Fatalf("GET %s: %v", url, err)
+	// a connection refused or reset while Caddy hands its listener from an
+	// old config to a new one is retried, as EventSource would
+	var resp *http.Response
+	for attempt := 1; ; attempt++ {
+		resp, err = client.Do(req)
+		if err == nil {
+			break
+		}
+		if attempt == 5 {
+			cancel()
+			t.Fatalf("GET %s: %v", url, err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	c := &sseClient{t: t, resp: resp, cancel: cancel,
 		events: make(chan sseEvent, 10000), comments: make(chan string, 10000), done: make(chan struct{})}

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"net"
-	"net/http"
 	"runtime"
 	"strings"
 	"testing"
@@ -27,7 +26,7 @@ const idleSite = `
 // changing, after closing the test's idle keep-alive connections (their
 // client and server goroutines are not the streams').
 func steadyGoroutines() int {
-	http.DefaultClient.CloseIdleConnections()
+	requestClient.CloseIdleConnections()
 	prev := -1
 	deadline := time.Now().Add(waitFor)
 	for {
@@ -43,7 +42,7 @@ func steadyGoroutines() int {
 // settleGoroutines waits until the goroutine count is at most want, and
 // returns the last count.
 func settleGoroutines(want int) int {
-	http.DefaultClient.CloseIdleConnections()
+	requestClient.CloseIdleConnections()
 	deadline := time.Now().Add(waitFor)
 	n := runtime.NumGoroutine()
 	for n > want && time.Now().Before(deadline) {

@@ -183,11 +183,25 @@ type Handler struct {
 	// includes such an event is later answered as truncated.
 	Fallback string `json:"fallback,omitempty"`
 
+	// Writer chooses how streams are written. "net_http" (the default)
+	// keeps each stream on net/http and Caddy's response pipeline, with a
+	// goroutine per stream. "takeover" takes cleartext HTTP/1.1 connections
+	// over once a stream's headers are decided and writes them from one
+	// event loop per CPU (Linux; elsewhere it is net_http): an idle stream
+	// then costs a few KiB instead of tens, and fan-out far less CPU. TLS,
+	// HTTP/2 and HTTP/3 streams stay on net/http. A taken-over stream has
+	// left Caddy's response pipeline: the access log records the hand-off
+	// (its duration and the bytes written until then), and response
+	// handlers after this one do not see it.
+	Writer string `json:"writer,omitempty"`
+
 	// Publish enables publishing with a POST to this route.
 	Publish *PublishConfig `json:"publish,omitempty"`
 
 	logger  *zap.Logger
 	hub     *pubsub.Hub
+	loops   *loopSet // the takeover writer's event loops, if used
+	loopsOn bool     // a reference to them is held
 	hubKey  string
 	streams *registry
 	secret  []byte
@@ -236,6 +250,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.hub, h.hubKey = hub, key
+	if h.Writer == writerTakeover {
+		if h.loops, err = acquireLoops(); err != nil {
+			return err
+		}
+		h.loopsOn = true
+	}
 	h.streams = newRegistry(h.logger, h.heartbeat(), h.closeJitter(), time.Duration(h.SlowClientTimeout))
 	return h.closeStreamsWhenStopping(ctx)
 }
@@ -329,6 +349,10 @@ type stoppingHook struct{ streams *registry }
 // Handle tells every stream that the server is closing.
 func (s stoppingHook) Handle(_ context.Context, _ caddy.Event) error {
 	s.streams.closeAll(stopReason())
+	// taken-over streams are no longer requests that the servers' shutdown
+	// waits for: give their loops a moment to tell them before the process
+	// may exit
+	s.streams.waitTakenOver(takenOverGrace)
 	return nil
 }
 
@@ -353,6 +377,11 @@ func (h *Handler) Validate() error {
 	}
 	if h.Principal != "" && strings.TrimSpace(h.Principal) == "" {
 		return errors.New("principal: empty template")
+	}
+	switch h.Writer {
+	case "", writerNetHTTP, writerTakeover:
+	default:
+		return fmt.Errorf("writer %q: use %q or %q", h.Writer, writerNetHTTP, writerTakeover)
 	}
 	switch {
 	case h.Fallback != "" && h.Fallback != fallbackLocal:
@@ -403,10 +432,14 @@ func (h *Handler) validateLimits() error {
 func (h *Handler) Cleanup() error {
 	if h.streams != nil {
 		h.streams.closeAll(stopReason())
+		h.streams.waitTakenOver(takenOverGrace)
 		h.streams.stop()
 	}
 	if h.metrics != nil {
 		releaseMetrics()
+	}
+	if h.loopsOn {
+		releaseLoops()
 	}
 	if h.hubKey != "" {
 		return releaseHub(h.hubKey)

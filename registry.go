@@ -142,6 +142,12 @@ func (r *registry) sweep(now time.Time) {
 			s.close(slowClient)
 			continue
 		}
+		if tk := s.tk.Load(); tk != nil && r.slow > 0 {
+			if since := tk.blockedSince(); since != 0 && since <= stuck {
+				s.close(slowClient) // its socket took nothing for the timeout
+				continue
+			}
+		}
 		if s.degraded.Load() && s.hub.Available() {
 			s.poke() // its backend answers again: it can replay now
 		}
@@ -150,4 +156,32 @@ func (r *registry) sweep(now time.Time) {
 			s.poke()
 		}
 	}
+}
+
+// takenOverGrace bounds how long stopping waits for taken-over streams to
+// be told server_closing.
+const takenOverGrace = 3 * time.Second
+
+// waitTakenOver waits, at most timeout, until no stream of the registry is
+// written by an event loop (takeover) any more.
+func (r *registry) waitTakenOver(timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if r.takenOver() == 0 {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (r *registry) takenOver() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for s := range r.streams {
+		if s.tk.Load() != nil {
+			n++
+		}
+	}
+	return n
 }

@@ -41,6 +41,8 @@ func (w *trickleWriter) Write([]byte) error {
 	return nil
 }
 
+func (w *trickleWriter) MayBlock() bool { return true }
+
 func (w *trickleWriter) Flush() error { return nil }
 
 func (w *trickleWriter) WriteLast(p []byte) error {

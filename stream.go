@@ -24,6 +24,10 @@ var errHistoryGap = errors.New("missed events are no longer in the history")
 // reconnect is told that its replay was truncated.
 var errHistoryRewritten = errors.New("the channel's history was rewritten")
 
+// errNeedsHistory stops a writer that may not block (an event loop's) at
+// an event that needs the history read first.
+var errNeedsHistory = errors.New("the stream needs its history read")
+
 // errClosing interrupts a stream's writing once it has been told to close,
 // so that it closes without first writing all that is queued.
 var errClosing = errors.New("stream closing")
@@ -72,8 +76,14 @@ type stream struct {
 	overflowSince atomic.Int64 // Unix nanoseconds the queue overflowed; 0 if it has not
 	beatDue       atomic.Bool
 	closing       atomic.Pointer[closeNotice]
-	degraded      atomic.Bool // opened without its history; see degraded.go
-	idText        string      // the client's cursor, kept while degraded
+	degraded      atomic.Bool           // opened without its history; see degraded.go
+	tk            atomic.Pointer[tconn] // set once an event loop writes it (takeover)
+	idText        string                // the client's cursor, kept while degraded
+
+	who      client    // who opened it, for caps, throttles and logs
+	remote   string    // the client's address, for logs
+	began    time.Time // when it began streaming
+	cleanups []func()  // see onEnd
 
 	eventsSent     int64
 	eventsCounted  int64 // of eventsSent, those added to the metrics
@@ -117,8 +127,13 @@ func (s *stream) Deliver(slot int, ev *replay.Event) {
 	s.poke()
 }
 
-// poke wakes the stream's goroutine if it is not awake already.
+// poke wakes the stream's goroutine (or schedules it on its event loop)
+// if it is not awake already.
 func (s *stream) poke() {
+	if tk := s.tk.Load(); tk != nil {
+		tk.schedule(s)
+		return
+	}
 	select {
 	case s.wake <- struct{}{}:
 	default:
@@ -197,6 +212,15 @@ func (s *stream) drain(ctx context.Context) error {
 		}
 	}
 	batch, overflowed := s.take()
+	_, err := s.drainBatch(ctx, batch, overflowed)
+	return err
+}
+
+// drainBatch writes a batch taken from the queue, as drain does. On a
+// writer that may not block it stops at the first event that needs the
+// history (a gap) and returns the rest of the batch with errNeedsHistory,
+// having flushed what it wrote.
+func (s *stream) drainBatch(ctx context.Context, batch []queued, overflowed bool) ([]queued, error) {
 	if len(batch) > 0 {
 		s.batchStartedMs = time.Now().UnixMilli()
 		s.h.metrics.queueDepth(len(batch))
@@ -207,8 +231,15 @@ func (s *stream) drain(ctx context.Context) error {
 	wrote := false
 	for i := range batch {
 		n, err := s.writeLive(ctx, batch[i])
+		if errors.Is(err, errNeedsHistory) {
+			rest := batch[i:]
+			if wrote {
+				err = errors.Join(err, s.flush())
+			}
+			return rest, err
+		}
 		if err != nil {
-			return err
+			return nil, err
 		}
 		wrote = wrote || n
 		batch[i] = queued{} // let the GC have events we no longer hold
@@ -219,15 +250,15 @@ func (s *stream) drain(ctx context.Context) error {
 		for slot := range s.keys {
 			n, err := s.repair(ctx, slot)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			wrote = wrote || n
 		}
 	}
 	if !wrote {
-		return s.heartbeatIfDue()
+		return nil, s.heartbeatIfDue()
 	}
-	return s.flush()
+	return nil, s.flush()
 }
 
 // heartbeatIfDue writes a heartbeat comment if the stream is due one.
@@ -290,6 +321,9 @@ func (s *stream) writeLive(ctx context.Context, q queued) (bool, error) {
 	}
 	if at.Follows(q.ev.Pos) {
 		return true, s.writeLiveEvent(q)
+	}
+	if !s.out.MayBlock() {
+		return false, errNeedsHistory
 	}
 	wrote, err := s.repair(ctx, q.slot)
 	if err != nil {

@@ -37,13 +37,18 @@ func (h *Handler) subscribe(w http.ResponseWriter, r *http.Request) error {
 	if rej != nil {
 		return h.reject(w, r, rej, retryAfter)
 	}
-	defer adm.release()
-
 	s := newStream(h, names)
+	s.who, s.remote = who, r.RemoteAddr
 	s.principal = principal
+	s.onEnd(adm.release)
+	handedOff := false
+	defer func() {
+		if !handedOff {
+			s.release()
+		}
+	}()
 	if r.Method == http.MethodGet {
-		sub := h.hub.Subscribe(s, s.keys)
-		defer sub.Close()
+		s.onEnd(h.hub.Subscribe(s, s.keys).Close)
 	}
 	start, err := s.startingPoint(r.Context(), lastEventID(r))
 	switch {
@@ -54,47 +59,81 @@ func (h *Handler) subscribe(w http.ResponseWriter, r *http.Request) error {
 	case err != nil:
 		return h.reject(w, r, &rejection{status: http.StatusServiceUnavailable, code: "history_unavailable", detail: err.Error()}, time.Second)
 	}
-	s.writeHeaders(w, start.truncated)
 	if r.Method == http.MethodHead {
+		s.writeHeaders(w, start.truncated)
 		return nil
 	}
+	s.writeHeaders(w, start.truncated)
 	s.out = newHTTPStreamWriter(w, r, time.Duration(h.SlowClientTimeout))
-	h.streams.add(s)
-	defer h.streams.remove(s)
-	h.serveStream(r, s, who, start)
+	// the stream ends, and releases what it holds, on its own once taken
+	// over
+	handedOff = h.serveStream(w, r, s, start)
 	return nil // the response has begun: an error here could not be sent
 }
 
-// serveStream writes the stream until it ends, counting and logging it; a
-// slow client is throttled.
-func (h *Handler) serveStream(r *http.Request, s *stream, who client, start startingPoint) {
-	h.metrics.streamOpened()
-	defer h.metrics.streamClosed()
-	h.metrics.replay(lastEventID(r) != "", len(start.truncated) > 0)
-	h.logger.Debug("stream opened",
-		zap.Strings("channels", s.names),
-		zap.String("principal", who.principal),
-		zap.String("remote", r.RemoteAddr),
-		zap.Bool("replay", lastEventID(r) != ""),
-		zap.Strings("truncated", start.truncated))
-
-	began := time.Now()
+// serveStream starts the stream on net/http — headers, preamble, replay,
+// through Caddy's response pipeline like any response — then hands it to
+// the takeover writer if it can, or writes it on this goroutine until it
+// ends. It reports whether it handed the stream over.
+func (h *Handler) serveStream(w http.ResponseWriter, r *http.Request, s *stream, start startingPoint) bool {
+	s.begin(lastEventID(r) != "", start)
 	err := s.open(r.Context(), start)
+	if err == nil && h.takeOver(w, r, s) {
+		return true
+	}
 	if err == nil {
 		err = s.run(r.Context())
 	}
+	s.finish(r.Context(), err)
+	return false
+}
+
+// begin registers an open stream, counts it and logs it.
+func (s *stream) begin(replay bool, start startingPoint) {
+	h := s.h
+	s.began = time.Now()
+	h.streams.add(s)
+	s.onEnd(func() { h.streams.remove(s) })
+	h.metrics.streamOpened()
+	s.onEnd(h.metrics.streamClosed)
+	h.metrics.replay(replay, len(start.truncated) > 0)
+	h.logger.Debug("stream opened",
+		zap.Strings("channels", s.names),
+		zap.String("principal", s.who.principal),
+		zap.String("remote", s.remote),
+		zap.Bool("replay", replay),
+		zap.Strings("truncated", start.truncated))
+}
+
+// finish counts and logs a stream that ended with err; a slow client is
+// throttled. It may block (the throttles may be in Redis).
+func (s *stream) finish(ctx context.Context, err error) {
+	h := s.h
 	s.countDelivered()
 	h.metrics.dropped(s.takeDropped())
 	if s.endedSlow(err) {
-		h.throttleSlowClient(r.Context(), s, who, time.Since(began))
+		h.throttleSlowClient(ctx, s, s.who, time.Since(s.began))
 	}
 	h.logger.Debug("stream ended",
 		zap.Strings("channels", s.names),
-		zap.String("principal", who.principal),
-		zap.String("remote", r.RemoteAddr),
-		zap.Duration("duration", time.Since(began)),
+		zap.String("principal", s.who.principal),
+		zap.String("remote", s.remote),
+		zap.Duration("duration", time.Since(s.began)),
 		zap.Int64("events_sent", s.eventsSent),
 		zap.NamedError("reason", err))
+}
+
+// onEnd registers f to run when the stream is released, after the
+// functions registered before it (like defer).
+func (s *stream) onEnd(f func()) { s.cleanups = append(s.cleanups, f) }
+
+// release runs the functions registered with onEnd, newest first: the
+// stream leaves the registry, the hub, and gives its caps back.
+func (s *stream) release() {
+	for i := len(s.cleanups) - 1; i >= 0; i-- {
+		s.cleanups[i]()
+	}
+	s.cleanups = nil
 }
 
 // lastEventID returns the client's cursor text: the Last-Event-ID header

@@ -32,6 +32,9 @@ type streamWriter interface {
 	// WriteLast writes and flushes p, the stream's last words, within a
 	// bound shorter than the slow-client timeout.
 	WriteLast(p []byte) error
+	// MayBlock tells whether the writer's goroutine may wait (for the
+	// client, or to read the history); an event loop's may not.
+	MayBlock() bool
 }
 
 // httpStreamWriter writes a stream through net/http and Caddy's response
@@ -66,6 +69,9 @@ func newHTTPStreamWriter(w http.ResponseWriter, r *http.Request, timeout time.Du
 	}
 	return sw
 }
+
+// MayBlock is true: the stream has its handler's goroutine.
+func (sw *httpStreamWriter) MayBlock() bool { return true }
 
 func (sw *httpStreamWriter) Write(p []byte) error {
 	sw.beginWrite()

@@ -312,15 +312,41 @@ func (w *watcher) repairLocked(wt *watch) {
 
 // syncHead compares a channel's head with what was delivered: it sets the
 // starting point of a new watch, and repairs an old one that fell behind.
+//
+// A new watch has a window: a stream that subscribed read its starting
+// point before this instance's Redis subscription was confirmed, so an
+// event published in between may never be announced here. The newest event
+// is therefore delivered at the first sync: a stream that is behind it sees
+// a gap and reads the history, the others drop it as a duplicate.
 func (w *watcher) syncHead(wt *watch, head replay.Position) {
 	wt.mu.Lock()
 	defer wt.mu.Unlock()
 	switch {
 	case !wt.known:
 		wt.last, wt.known = head, true
+		if ev := w.newest(wt, head); ev != nil {
+			w.deliverLocked(wt, ev)
+		}
 	case head != wt.last:
 		w.repairLocked(wt)
 	}
+}
+
+// newest returns the channel's newest event, if it is still the one at
+// head.
+func (w *watcher) newest(wt *watch, head replay.Position) *replay.Event {
+	if head.IsZero() {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	beyond := replay.Position{Epoch: head.Epoch, Seq: head.Seq + 1, Time: head.Time}
+	page, bad, err := w.b.read(ctx, wt.key, &beyond, 1) // truncated: the newest
+	if err != nil || len(page.Events) != 1 || page.Events[0].Pos != head {
+		return nil
+	}
+	w.warnBad(wt, bad)
+	return page.Events[0]
 }
 
 func (w *watcher) warnBad(wt *watch, bad int) {

@@ -102,7 +102,7 @@ func (s *Server) start() error {
 	args := append([]string{"--port", strconv.Itoa(s.Port)}, s.args...)
 	cmd := exec.Command("redis-server", args...)
 	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = dieWithParent()
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("starting redis-server: %v", err)
 	}
@@ -337,7 +337,7 @@ func (s *Server) startWithConfig(conf string) {
 	}
 	cmd := exec.Command("redis-server", append([]string{conf}, s.args...)...)
 	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = dieWithParent()
 	if err := cmd.Start(); err != nil {
 		s.t.Fatalf("starting redis sentinel: %v", err)
 	}

@@ -1,0 +1,206 @@
+package caddysse
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"reflect"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// The two ways a stream's bytes reach its client (Handler.Writer).
+const (
+	// writerNetHTTP keeps every stream on net/http and Caddy's response
+	// writer chain: a goroutine per stream blocked in the handler.
+	writerNetHTTP = "net_http"
+	// writerTakeover takes cleartext HTTP/1.1 connections over from
+	// net/http once the stream's headers are decided: the handler returns,
+	// and one event loop per CPU writes every taken-over stream (Linux).
+	// TLS, HTTP/2 and HTTP/3 streams stay on net/http.
+	writerTakeover = "takeover"
+)
+
+// Taking a connection over (SPEC S7, S8 still hold): the stream starts on
+// net/http like any response (headers, preamble, replay), then the handler
+// hijacks the connection and hands the stream to an event loop, and
+// returns: the goroutine, its stack and net/http's buffers — most of what an
+// idle stream costs — are freed. The response is chunked already; the loop
+// goes on writing chunks, detects the client leaving, never blocks, and
+// ends the stream. It is no longer in Caddy's response pipeline, so the
+// module counts, closes and logs it itself (the access log records the
+// hand-off).
+
+// takeOver hands a started stream to the takeover writer if the handler
+// uses it and the request allows it: cleartext HTTP/1.1. It reports whether
+// it did; if not, the stream goes on on net/http.
+func (h *Handler) takeOver(w http.ResponseWriter, r *http.Request, s *stream) bool {
+	if h.loops == nil || r.ProtoMajor != 1 || r.ProtoMinor != 1 || r.TLS != nil || s.closing.Load() != nil {
+		return false
+	}
+	conn, _, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return false
+	}
+	cw := &connWriter{conn: conn, timeout: time.Duration(h.SlowClientTimeout)}
+	if raw := rawTCPConn(conn); raw == nil || !h.loops.adopt(s, conn, raw, cw) {
+		s.out = cw
+		go s.serveHijacked(cw)
+	}
+	return true
+}
+
+// endConn ends a taken-over stream on the calling goroutine: its last
+// words, the end of the chunked body, and the connection.
+func (s *stream) endConn(cw *connWriter, err error) {
+	if n := s.closing.Load(); n != nil && err == nil {
+		err = s.writeClosing(n)
+	}
+	if err == nil {
+		err = cw.end()
+	}
+	_ = cw.conn.Close()
+	s.finish(context.Background(), err)
+	s.release()
+}
+
+// serveHijacked serves a taken-over stream whose connection the event loop
+// cannot watch (not a plain TCP connection, e.g. behind a listener
+// wrapper): a goroutine writes it, another notices the client leaving.
+func (s *stream) serveHijacked(cw *connWriter) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		_, _ = io.Copy(io.Discard, cw.conn)
+		cancel()
+	}()
+	err := s.run(ctx)
+	if ctx.Err() != nil {
+		err = errors.Join(err, errClientGone)
+	}
+	s.endConn(cw, err)
+	cancel()
+}
+
+var errClientGone = errors.New("the client closed the connection")
+
+// rawTCPConn finds the TCP connection under a hijacked one (Caddy's
+// response recorder wraps it to count bytes for the access log); nil if
+// there is none.
+func rawTCPConn(c net.Conn) *net.TCPConn {
+	for range 4 {
+		if tcp, ok := c.(*net.TCPConn); ok {
+			return tcp
+		}
+		v := reflect.ValueOf(c)
+		if v.Kind() != reflect.Pointer || v.Elem().Kind() != reflect.Struct {
+			return nil
+		}
+		f := v.Elem().FieldByName("Conn")
+		if !f.IsValid() || !f.CanInterface() {
+			return nil
+		}
+		inner, ok := f.Interface().(net.Conn)
+		if !ok {
+			return nil
+		}
+		c = inner
+	}
+	return nil
+}
+
+// connWriter writes a taken-over stream with blocking writes in HTTP/1.1
+// chunked encoding, each flush bounded by the slow-client timeout. It is
+// used to start the stream and, later, whenever the stream needs a
+// goroutine of its own (reading the history).
+type connWriter struct {
+	conn    net.Conn
+	timeout time.Duration
+	framed  []byte // bytes already in chunks, sent before the next chunk
+	body    []byte // the next chunk's data
+}
+
+func (cw *connWriter) Write(p []byte) error {
+	cw.body = append(cw.body, p...)
+	return nil
+}
+
+func (cw *connWriter) Flush() error { return cw.sendAll(nil, cw.timeout) }
+
+func (cw *connWriter) WriteLast(p []byte) error {
+	cw.body = append(cw.body, p...)
+	return cw.sendAll(nil, min(cw.timeout, lastWordsTimeout))
+}
+
+// MayBlock is true: its writes wait for the client, within the timeout.
+func (cw *connWriter) MayBlock() bool { return true }
+
+// end writes what is buffered and the last chunk of the body.
+func (cw *connWriter) end() error { return cw.sendAll([]byte("0\r\n\r\n"), lastWordsTimeout) }
+
+// sendAll sends the framed bytes, the body as a chunk, then tail.
+func (cw *connWriter) sendAll(tail []byte, timeout time.Duration) error {
+	out := cw.framed
+	if len(cw.body) > 0 {
+		out = appendChunk(out, cw.body)
+	}
+	out = append(out, tail...)
+	cw.framed, cw.body = cw.framed[:0], cw.body[:0]
+	if len(out) == 0 {
+		return nil
+	}
+	err := cw.send(out, timeout)
+	if cap(cw.body) > 1<<20 {
+		cw.body = nil // a replay's buffer is not kept for the stream's life
+	}
+	return err
+}
+
+func (cw *connWriter) send(p []byte, timeout time.Duration) error {
+	_ = cw.conn.SetWriteDeadline(time.Now().Add(timeout))
+	_, err := cw.conn.Write(p)
+	_ = cw.conn.SetWriteDeadline(time.Time{})
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return errors.Join(errSlowWrite, err)
+	}
+	return err
+}
+
+// appendChunk appends body as one chunk of a chunked body.
+func appendChunk(dst, body []byte) []byte {
+	dst = strconv.AppendInt(dst, int64(len(body)), 16)
+	dst = append(dst, '\r', '\n')
+	dst = append(dst, body...)
+	return append(dst, '\r', '\n')
+}
+
+// loopsPool holds the process's event loops, shared by every handler that
+// takes connections over and kept across reloads.
+var loopsPool = caddy.NewUsagePool()
+
+const loopsKey = "takeover"
+
+// acquireLoops returns the event loops (nil where there are none: not
+// Linux). Creating them is cheap: their goroutines start with the first
+// stream.
+func acquireLoops() (*loopSet, error) {
+	val, _, err := loopsPool.LoadOrNew(loopsKey, func() (caddy.Destructor, error) {
+		return newLoopSet(), nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	ls, _ := val.(*loopSet)
+	if !ls.supported() {
+		return nil, nil
+	}
+	return ls, nil
+}
+
+func releaseLoops() {
+	_, _ = loopsPool.Delete(loopsKey)
+}

@@ -1,0 +1,544 @@
+//go:build linux
+
+package caddysse
+
+import (
+	"context"
+	"errors"
+	"net"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// loopSet is one event loop per CPU; a stream goes to the loop with the
+// fewest streams.
+type loopSet struct {
+	once  sync.Once
+	loops []*pollLoop
+	err   error
+}
+
+func newLoopSet() *loopSet { return &loopSet{} }
+
+func (ls *loopSet) supported() bool { return true }
+
+func (ls *loopSet) start() error {
+	ls.once.Do(func() {
+		for range runtime.GOMAXPROCS(0) {
+			l, err := newPollLoop()
+			if err != nil {
+				ls.err = err
+				return
+			}
+			ls.loops = append(ls.loops, l)
+			go l.run()
+		}
+	})
+	return ls.err
+}
+
+// adopt gives a taken-over stream to a loop; false if there is no loop to
+// take it (it then keeps a goroutine).
+func (ls *loopSet) adopt(s *stream, conn net.Conn, tcp *net.TCPConn, cw *connWriter) bool {
+	if ls.start() != nil {
+		return false
+	}
+	l := ls.loops[0]
+	for _, other := range ls.loops[1:] {
+		if other.count.Load() < l.count.Load() {
+			l = other
+		}
+	}
+	return l.adopt(s, conn, tcp, cw)
+}
+
+// Destruct stops the loops and closes what they still hold.
+func (ls *loopSet) Destruct() error {
+	for _, l := range ls.loops {
+		l.shutdown()
+	}
+	return nil
+}
+
+// pollLoop writes the streams it was given from one goroutine: an epoll
+// instance tells it when a client leaves or its socket can take more, and
+// Deliver schedules a stream when it has something to write. Writes never
+// block: what a socket does not take waits for it to be writable, and the
+// stream takes no more events until then (its queue fills, overflows, and
+// it catches up later, as on net/http). Work that could block — reading the
+// history after an overflow or a gap, or while degraded — runs on a
+// goroutine of its own for the time it takes.
+type pollLoop struct {
+	epfd, wakefd int
+
+	mu       sync.Mutex
+	ready    []*stream
+	spare    []*stream
+	returned []slowResult
+	// byToken finds a stream from its epoll events. A token is never
+	// reused, unlike a file descriptor: an event returned for a connection
+	// that was closed meanwhile cannot reach another that got its number.
+	byToken   map[uint64]*stream
+	lastToken uint64
+	closed    bool
+
+	sleeping atomic.Bool
+	count    atomic.Int64
+	chunk    []byte // the chunk being written (loop goroutine only)
+	done     chan struct{}
+}
+
+// tconn is a taken-over stream's connection as its loop sees it.
+type tconn struct {
+	loop      *pollLoop
+	conn      net.Conn
+	fd        int
+	token     uint64
+	cw        *connWriter
+	lw        loopWriter
+	scheduled atomic.Bool
+	busy      atomic.Bool  // a goroutine of its own has the stream
+	blocked   atomic.Int64 // Unix nanoseconds since the socket stopped taking bytes; 0 if it takes them
+	pending   []byte       // bytes the socket has not taken yet
+	outArmed  bool
+	ended     bool
+}
+
+type slowResult struct {
+	s   *stream
+	err error
+}
+
+const chunkHeadroom = 16 // room for a chunk's size line
+
+var headroom [chunkHeadroom]byte
+
+func newPollLoop() (*pollLoop, error) {
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, err
+	}
+	wakefd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		unix.Close(epfd)
+		return nil, err
+	}
+	l := &pollLoop{epfd: epfd, wakefd: wakefd, byToken: make(map[uint64]*stream), done: make(chan struct{})}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN} // token 0: wakeToken
+	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wakefd, &ev); err != nil {
+		unix.Close(epfd)
+		unix.Close(wakefd)
+		return nil, err
+	}
+	return l, nil
+}
+
+func (l *pollLoop) adopt(s *stream, conn net.Conn, tcp *net.TCPConn, cw *connWriter) bool {
+	raw, err := tcp.SyscallConn()
+	if err != nil {
+		return false
+	}
+	fd := -1
+	_ = raw.Control(func(f uintptr) { fd = int(f) })
+	if fd < 0 {
+		return false
+	}
+	tk := &tconn{loop: l, conn: conn, fd: fd, cw: cw}
+	tk.lw = loopWriter{tk: tk}
+	// the loop may see the connection's events as soon as it is added:
+	// the stream must be ready for them by then
+	s.out = &tk.lw
+	s.tk.Store(tk)
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		s.tk.Store(nil)
+		return false
+	}
+	l.lastToken++
+	tk.token = l.lastToken
+	l.byToken[tk.token] = s
+	l.mu.Unlock()
+	l.count.Add(1)
+	ev := tk.event(unix.EPOLLIN | unix.EPOLLRDHUP)
+	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		l.mu.Lock()
+		delete(l.byToken, tk.token)
+		l.mu.Unlock()
+		l.count.Add(-1)
+		s.tk.Store(nil)
+		return false
+	}
+	l.schedule(s) // whatever was queued while the stream started
+	return true
+}
+
+// schedule makes the loop service the stream soon; called by Deliver, the
+// registry's ticker and closing. It does not block.
+func (l *pollLoop) schedule(s *stream) {
+	tk := s.tk.Load()
+	if tk.scheduled.Swap(true) {
+		return
+	}
+	l.mu.Lock()
+	l.ready = append(l.ready, s)
+	l.mu.Unlock()
+	if l.sleeping.Load() {
+		l.wake()
+	}
+}
+
+func (l *pollLoop) wake() {
+	var one = [8]byte{1}
+	_, _ = unix.Write(l.wakefd, one[:])
+}
+
+func (l *pollLoop) run() {
+	defer close(l.done)
+	events := make([]unix.EpollEvent, 256)
+	for {
+		l.sleeping.Store(true)
+		l.mu.Lock()
+		busy, closed := len(l.ready) > 0 || len(l.returned) > 0, l.closed
+		l.mu.Unlock()
+		if closed {
+			l.sleeping.Store(false)
+			l.endAll()
+			return
+		}
+		timeout := -1
+		if busy {
+			timeout = 0
+		}
+		n, err := unix.EpollWait(l.epfd, events, timeout)
+		l.sleeping.Store(false)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			continue
+		}
+		for i := range max(n, 0) {
+			l.handle(events[i])
+		}
+		l.takeReturned()
+		l.serviceReady()
+	}
+}
+
+// event is an epoll registration for the connection: its data is the
+// connection's token (the 64 bits of Fd and Pad).
+func (tk *tconn) event(events uint32) unix.EpollEvent {
+	return unix.EpollEvent{Events: events, Fd: int32(uint32(tk.token)), Pad: int32(uint32(tk.token >> 32))}
+}
+
+func eventToken(ev unix.EpollEvent) uint64 {
+	return uint64(uint32(ev.Fd)) | uint64(uint32(ev.Pad))<<32
+}
+
+// wakeToken marks the eventfd's events; connection tokens start at 1.
+const wakeToken = 0
+
+func (l *pollLoop) handle(ev unix.EpollEvent) {
+	if eventToken(ev) == wakeToken {
+		var buf [8]byte
+		_, _ = unix.Read(l.wakefd, buf[:])
+		return
+	}
+	l.mu.Lock()
+	s := l.byToken[eventToken(ev)]
+	l.mu.Unlock()
+	if s == nil {
+		return
+	}
+	tk := s.tk.Load()
+	if tk.ended || tk.busy.Load() {
+		return
+	}
+	if ev.Events&(unix.EPOLLHUP|unix.EPOLLERR|unix.EPOLLRDHUP) != 0 {
+		l.end(s, errClientGone)
+		return
+	}
+	if ev.Events&unix.EPOLLIN != 0 && !l.discardInput(tk) {
+		l.end(s, errClientGone)
+		return
+	}
+	if ev.Events&unix.EPOLLOUT != 0 {
+		if err := l.flushPending(tk); err != nil {
+			l.end(s, err)
+			return
+		}
+		if len(tk.pending) == 0 {
+			l.schedule(s)
+		}
+	}
+}
+
+// discardInput reads what a client sends after its request (nothing, from
+// a browser); false if the client closed.
+func (l *pollLoop) discardInput(tk *tconn) bool {
+	var buf [512]byte
+	for range 8 {
+		n, err := unix.Read(tk.fd, buf[:])
+		switch {
+		case n > 0:
+			continue
+		case errors.Is(err, unix.EAGAIN), errors.Is(err, unix.EINTR):
+			return true
+		default:
+			return false // 0 bytes: the client closed; or an error
+		}
+	}
+	return true
+}
+
+func (l *pollLoop) serviceReady() {
+	l.mu.Lock()
+	batch := l.ready
+	l.ready = l.spare[:0]
+	l.spare = batch
+	l.mu.Unlock()
+	for i, s := range batch {
+		s.tk.Load().scheduled.Store(false)
+		l.service(s)
+		batch[i] = nil
+	}
+}
+
+// service writes what the stream has: its closing, a queued batch, a
+// heartbeat. Anything that may block goes to a goroutine (slow).
+func (l *pollLoop) service(s *stream) {
+	tk := s.tk.Load()
+	if tk.ended || tk.busy.Load() {
+		return
+	}
+	if n := s.closing.Load(); n != nil {
+		l.close(s, n)
+		return
+	}
+	if len(tk.pending) > 0 {
+		return // the socket is full: wait until it can take more
+	}
+	if s.degraded.Load() {
+		l.slow(s, nil, false)
+		return
+	}
+	batch, overflowed := s.take()
+	if overflowed {
+		l.slow(s, batch, true)
+		return
+	}
+	rest, err := s.drainBatch(context.Background(), batch, false)
+	switch {
+	case errors.Is(err, errNeedsHistory):
+		l.slow(s, rest, false)
+	case err != nil:
+		l.end(s, err)
+	}
+}
+
+// close ends a stream told to close: server_closing (or the slow-client
+// comment) and the end of the body, if the socket takes them at once.
+func (l *pollLoop) close(s *stream, n *closeNotice) {
+	tk := s.tk.Load()
+	if len(tk.pending) == 0 {
+		_ = s.writeClosing(n)
+		_ = tk.send([]byte("0\r\n\r\n"))
+	}
+	l.end(s, nil)
+}
+
+// slow gives the stream a goroutine for work that may block; the loop
+// takes it back when the goroutine is done.
+func (l *pollLoop) slow(s *stream, batch []queued, overflowed bool) {
+	tk := s.tk.Load()
+	tk.busy.Store(true)
+	l.watch(tk, 0) // the goroutine writes with blocking writes meanwhile
+	tk.cw.framed = append(tk.cw.framed[:0], tk.pending...)
+	tk.pending = nil
+	s.out = tk.cw
+	go func() {
+		err := s.slowDrain(batch, overflowed)
+		if err == nil {
+			err = tk.cw.Flush()
+		}
+		l.mu.Lock()
+		l.returned = append(l.returned, slowResult{s: s, err: err})
+		l.mu.Unlock()
+		l.wake()
+	}()
+}
+
+// slowDrain is the part of a stream's work that may block on the history.
+func (s *stream) slowDrain(batch []queued, overflowed bool) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(s.h.SlowClientTimeout))
+	defer cancel()
+	if s.degraded.Load() {
+		live, err := s.recover(ctx)
+		if err != nil || !live {
+			return err
+		}
+		batch, overflowed = s.take()
+	}
+	_, err := s.drainBatch(ctx, batch, overflowed)
+	return err
+}
+
+func (l *pollLoop) takeReturned() {
+	l.mu.Lock()
+	returned := l.returned
+	l.returned = nil
+	l.mu.Unlock()
+	for _, r := range returned {
+		tk := r.s.tk.Load()
+		r.s.out = &tk.lw
+		tk.busy.Store(false)
+		if r.err != nil {
+			l.end(r.s, r.err)
+			continue
+		}
+		l.watch(tk, unix.EPOLLIN|unix.EPOLLRDHUP)
+		l.schedule(r.s)
+	}
+}
+
+// watch sets the events the loop waits for on a connection.
+func (l *pollLoop) watch(tk *tconn, events uint32) {
+	tk.outArmed = events&unix.EPOLLOUT != 0
+	ev := tk.event(events)
+	_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_MOD, tk.fd, &ev)
+}
+
+// flushPending writes what the socket did not take before.
+func (l *pollLoop) flushPending(tk *tconn) error {
+	p := tk.pending
+	tk.pending = nil
+	err := tk.send(p)
+	if len(tk.pending) == 0 && tk.outArmed {
+		l.watch(tk, unix.EPOLLIN|unix.EPOLLRDHUP)
+	}
+	return err
+}
+
+// end closes a stream's connection and releases it, on a goroutine of its
+// own (finishing may throttle the client, in Redis).
+func (l *pollLoop) end(s *stream, err error) {
+	tk := s.tk.Load()
+	if tk.ended {
+		return
+	}
+	tk.ended = true
+	_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, tk.fd, nil)
+	l.mu.Lock()
+	delete(l.byToken, tk.token)
+	l.mu.Unlock()
+	_ = tk.conn.Close()
+	tk.pending = nil
+	l.count.Add(-1)
+	go func() {
+		s.finish(context.Background(), err)
+		s.release()
+	}()
+}
+
+func (l *pollLoop) endAll() {
+	l.mu.Lock()
+	streams := make([]*stream, 0, len(l.byToken))
+	for _, s := range l.byToken {
+		streams = append(streams, s)
+	}
+	l.mu.Unlock()
+	for _, s := range streams {
+		l.end(s, errors.New("the server is stopping"))
+	}
+	unix.Close(l.epfd)
+	unix.Close(l.wakefd)
+}
+
+func (l *pollLoop) shutdown() {
+	l.mu.Lock()
+	l.closed = true
+	l.mu.Unlock()
+	l.wake()
+	select {
+	case <-l.done:
+	case <-time.After(5 * time.Second):
+	}
+}
+
+// send writes p without blocking; what the socket does not take is kept
+// for when it is writable.
+func (tk *tconn) send(p []byte) error {
+	for len(p) > 0 {
+		n, err := unix.Write(tk.fd, p)
+		if n > 0 {
+			p = p[n:]
+		}
+		switch {
+		case err == nil:
+		case errors.Is(err, unix.EINTR):
+		case errors.Is(err, unix.EAGAIN):
+			tk.pending = append(tk.pending, p...)
+			tk.blocked.CompareAndSwap(0, time.Now().UnixNano())
+			if !tk.outArmed {
+				tk.loop.watch(tk, unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLOUT)
+			}
+			return nil
+		default:
+			return err
+		}
+	}
+	tk.blocked.Store(0)
+	return nil
+}
+
+// loopWriter is a stream's streamWriter while its loop writes it: writes
+// go into the loop's chunk, a flush sends the chunk without blocking.
+type loopWriter struct{ tk *tconn }
+
+func (w *loopWriter) Write(p []byte) error {
+	l := w.tk.loop
+	if len(l.chunk) == 0 {
+		l.chunk = append(l.chunk[:0], headroom[:]...)
+	}
+	l.chunk = append(l.chunk, p...)
+	return nil
+}
+
+func (w *loopWriter) Flush() error {
+	l := w.tk.loop
+	if len(l.chunk) <= chunkHeadroom {
+		return nil
+	}
+	size := len(l.chunk) - chunkHeadroom
+	var head [chunkHeadroom]byte
+	h := strconv.AppendInt(head[:0], int64(size), 16)
+	h = append(h, '\r', '\n')
+	start := chunkHeadroom - len(h)
+	copy(l.chunk[start:], h)
+	l.chunk = append(l.chunk, '\r', '\n')
+	err := w.tk.send(l.chunk[start:])
+	l.chunk = l.chunk[:0]
+	if cap(l.chunk) > 4<<20 {
+		l.chunk = nil // do not keep a huge batch's buffer
+	}
+	return err
+}
+
+func (w *loopWriter) WriteLast(p []byte) error {
+	if err := w.Write(p); err != nil {
+		return err
+	}
+	return w.Flush()
+}
+
+// MayBlock is false: the loop must never wait.
+func (w *loopWriter) MayBlock() bool { return false }
+
+// schedule makes the stream's loop service it.
+func (tk *tconn) schedule(s *stream) { tk.loop.schedule(s) }
+
+// blockedSince is when the socket stopped taking bytes (Unix ns), or 0.
+func (tk *tconn) blockedSince() int64 { return tk.blocked.Load() }

@@ -1,0 +1,24 @@
+//go:build !linux
+
+package caddysse
+
+import "net"
+
+// loopSet has no event loops outside Linux: streams stay on net/http.
+type loopSet struct{}
+
+func newLoopSet() *loopSet { return &loopSet{} }
+
+func (ls *loopSet) supported() bool { return false }
+
+func (ls *loopSet) adopt(*stream, net.Conn, *net.TCPConn, *connWriter) bool { return false }
+
+// Destruct does nothing.
+func (ls *loopSet) Destruct() error { return nil }
+
+// tconn is never created outside Linux.
+type tconn struct{}
+
+func (tk *tconn) schedule(*stream) {}
+
+func (tk *tconn) blockedSince() int64 { return 0 }
