@@ -24,6 +24,14 @@ SSEBENCH = $(BENCH_TOOL)
 SPAWN    = -spawn "$(BENCH_CADDY) run --config $(BENCH_CONFIG)" -admin $(BENCH_ADMIN) -out $(BENCH_OUT) $(BENCH_QUIET) $(BENCH_FLAGS)
 SPAWN_TLS = -spawn "$(BENCH_CADDY) run --config $(BENCH_TLS_CONFIG)" -admin $(BENCH_ADMIN) -out $(BENCH_OUT) $(BENCH_QUIET) $(BENCH_FLAGS)
 
+## test: the whole suite with the race detector, then the in-process and
+## built-binary tests again with the takeover writer (every test passes with
+## either writer). This is the README's test command; .ci/run runs it.
+.PHONY: test
+test:
+	$(GO) test -race -count=1 -timeout 15m ./...
+	SSE_TEST_WRITER=takeover $(GO) test -race -count=1 -timeout 15m . ./e2e/
+
 .PHONY: bench bench-build bench-idle bench-fanout bench-fanout20 bench-fanout30 bench-spread bench-ramp bench-churn \
 	bench-reconnect bench-scaleout bench-idle-tls bench-idle-h2 bench-floor bench-profile-fanout bench-profile-fanout20 \
 	bench-profile-idle bench-profile-churn

@@ -19,14 +19,14 @@ import (
 // degrade marks the stream degraded, keeping the client's cursor for the
 // replay once the backend is back.
 func (s *stream) degrade(idText string) {
-	s.idText = idText
+	s.idText = &idText
 	s.degraded.Store(true)
 }
 
 // writeDegraded tells the client that its stream is live-only for now.
 func (s *stream) writeDegraded() error {
 	s.h.logger.Warn("stream opened without history: the backend is unreachable",
-		zap.Strings("channels", s.names), zap.String("principal", s.principal))
+		zap.Strings("channels", s.names), zap.String("principal", s.who.principal))
 	data, _ := json.Marshal(map[string][]string{"channels": s.names})
 	s.buf = wire.AppendEnd(wire.AppendEvent(s.buf[:0], wire.TypeDegraded, data))
 	if err := s.out.Write(s.buf); err != nil {
@@ -40,10 +40,10 @@ func (s *stream) writeDegraded() error {
 // in the history the replay will read).
 func (s *stream) recover(ctx context.Context) (bool, error) {
 	if s.hub.Available() {
-		sp, err := s.startingPoint(ctx, s.idText)
+		sp, err := s.startingPoint(ctx, *s.idText)
 		if err == nil {
 			s.degraded.Store(false)
-			s.h.metrics.replay(s.idText != "", len(sp.truncated) > 0)
+			s.h.metrics.replay(*s.idText != "", len(sp.truncated) > 0)
 			return true, s.writeStart(sp)
 		}
 	}

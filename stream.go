@@ -54,50 +54,56 @@ var slowClient = &closeNotice{slow: true}
 // written. The hub's fan-out (any goroutine) fills the queue through
 // Deliver; the connection's own goroutine drains it and writes.
 type stream struct {
-	h         *Handler
-	hub       *pubsub.Hub
-	principal string   // as resolved, for logs ("" for none)
-	names     []string // channels as the client names them
-	keys      []string // channels as the hub names them (namespaced)
-	cursor    []replay.ChannelPosition
-	ids       replay.CursorEncoder
-	buf       []byte
-	out       streamWriter
+	h      *Handler
+	hub    *pubsub.Hub
+	names  []string // channels as the client names them
+	keys   []string // channels as the hub names them (namespaced)
+	cursor []replay.ChannelPosition
+	ids    replay.CursorEncoder
+	buf    []byte
+	out    streamWriter
 
 	mu        sync.Mutex
+	overflow  bool
+	begun     bool // registered and counted (see begin, release)
+	beatDue   atomic.Bool
+	degraded  atomic.Bool // opened without its history; see degraded.go
 	pending   []queued
 	spare     []queued
 	queuedLen int64
-	overflow  bool
 	dropped   int64 // live events not queued since the last count
 
-	wake          chan struct{}
-	lastWrite     atomic.Int64 // Unix nanoseconds of the last flush
-	overflowSince atomic.Int64 // Unix nanoseconds the queue overflowed; 0 if it has not
-	beatDue       atomic.Bool
+	wake          atomic.Pointer[chan struct{}] // made by run: a taken-over stream never needs it
+	lastWrite     atomic.Int64                  // Unix nanoseconds of the last flush
+	overflowSince atomic.Int64                  // Unix nanoseconds the queue overflowed; 0 if it has not
 	closing       atomic.Pointer[closeNotice]
-	degraded      atomic.Bool           // opened without its history; see degraded.go
 	tk            atomic.Pointer[tconn] // set once an event loop writes it (takeover)
-	idText        string                // the client's cursor, kept while degraded
+	idText        *string               // the client's cursor, kept while degraded
 
-	who      client    // who opened it, for caps, throttles and logs
-	remote   string    // the client's address, for logs
-	began    time.Time // when it began streaming
-	cleanups []func()  // see onEnd
+	who    client // who opened it, for caps, throttles and logs
+	remote string // the client's address, for logs
+	began  int64  // when it began streaming, Unix nanoseconds
+	sub    *pubsub.Subscription
+	adm    *admission
 
 	eventsSent     int64
 	eventsCounted  int64 // of eventsSent, those added to the metrics
 	batchStartedMs int64 // when the stream took its queue, for latency
 }
 
+// lasted is how long the stream has been streaming.
+func (s *stream) lasted() time.Duration { return time.Duration(time.Now().UnixNano() - s.began) }
+
 func newStream(h *Handler, names []string) *stream {
 	s := &stream{
 		h:      h,
 		hub:    h.hub,
 		names:  names,
-		keys:   make([]string, len(names)),
+		keys:   names, // the same without a namespace: one slice less per stream
 		cursor: make([]replay.ChannelPosition, len(names)),
-		wake:   make(chan struct{}, 1),
+	}
+	if h.Namespace != "" {
+		s.keys = make([]string, len(names))
 	}
 	for i, name := range names {
 		s.keys[i] = h.channelKey(name)
@@ -134,9 +140,11 @@ func (s *stream) poke() {
 		tk.schedule(s)
 		return
 	}
-	select {
-	case s.wake <- struct{}{}:
-	default:
+	if w := s.wake.Load(); w != nil {
+		select {
+		case *w <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -181,9 +189,12 @@ func (s *stream) takeDropped() int64 {
 // run writes events until the client leaves, the stream is closed, or a
 // write fails.
 func (s *stream) run(ctx context.Context) error {
+	wake := make(chan struct{}, 1)
+	wake <- struct{}{} // events may have been queued before run began
+	s.wake.Store(&wake)
 	for {
 		select {
-		case <-s.wake:
+		case <-wake:
 		case <-ctx.Done():
 			return nil
 		}
@@ -295,7 +306,7 @@ func (s *stream) countDelivered() {
 func (s *stream) queueFull(depth int) {
 	s.h.metrics.dropped(s.takeDropped())
 	s.h.logger.Warn("sse_queue_full",
-		zap.String("principal", s.principal),
+		zap.String("principal", s.who.principal),
 		zap.Strings("channels", s.names),
 		zap.Int("queue_depth", depth),
 		zap.Int("queue_limit", s.h.Queue),

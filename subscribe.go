@@ -39,8 +39,7 @@ func (h *Handler) subscribe(w http.ResponseWriter, r *http.Request) error {
 	}
 	s := newStream(h, names)
 	s.who, s.remote = who, r.RemoteAddr
-	s.principal = principal
-	s.onEnd(adm.release)
+	s.adm = adm
 	handedOff := false
 	defer func() {
 		if !handedOff {
@@ -48,7 +47,7 @@ func (h *Handler) subscribe(w http.ResponseWriter, r *http.Request) error {
 		}
 	}()
 	if r.Method == http.MethodGet {
-		s.onEnd(h.hub.Subscribe(s, s.keys).Close)
+		s.sub = h.hub.Subscribe(s, s.keys)
 	}
 	start, err := s.startingPoint(r.Context(), lastEventID(r))
 	switch {
@@ -91,11 +90,10 @@ func (h *Handler) serveStream(w http.ResponseWriter, r *http.Request, s *stream,
 // begin registers an open stream, counts it and logs it.
 func (s *stream) begin(replay bool, start startingPoint) {
 	h := s.h
-	s.began = time.Now()
+	s.began = time.Now().UnixNano()
 	h.streams.add(s)
-	s.onEnd(func() { h.streams.remove(s) })
 	h.metrics.streamOpened()
-	s.onEnd(h.metrics.streamClosed)
+	s.begun = true
 	h.metrics.replay(replay, len(start.truncated) > 0)
 	h.logger.Debug("stream opened",
 		zap.Strings("channels", s.names),
@@ -112,28 +110,32 @@ func (s *stream) finish(ctx context.Context, err error) {
 	s.countDelivered()
 	h.metrics.dropped(s.takeDropped())
 	if s.endedSlow(err) {
-		h.throttleSlowClient(ctx, s, s.who, time.Since(s.began))
+		h.throttleSlowClient(ctx, s, s.who, s.lasted())
 	}
 	h.logger.Debug("stream ended",
 		zap.Strings("channels", s.names),
 		zap.String("principal", s.who.principal),
 		zap.String("remote", s.remote),
-		zap.Duration("duration", time.Since(s.began)),
+		zap.Duration("duration", s.lasted()),
 		zap.Int64("events_sent", s.eventsSent),
 		zap.NamedError("reason", err))
 }
 
-// onEnd registers f to run when the stream is released, after the
-// functions registered before it (like defer).
-func (s *stream) onEnd(f func()) { s.cleanups = append(s.cleanups, f) }
-
-// release runs the functions registered with onEnd, newest first: the
-// stream leaves the registry, the hub, and gives its caps back.
+// release lets go of what the stream holds: its place in the registry and
+// the metrics, its subscription, its share of the caps. It runs once, when
+// the stream ends (or fails to start).
 func (s *stream) release() {
-	for i := len(s.cleanups) - 1; i >= 0; i-- {
-		s.cleanups[i]()
+	if s.begun {
+		s.h.streams.remove(s)
+		s.h.metrics.streamClosed()
+		s.begun = false
 	}
-	s.cleanups = nil
+	s.sub.Close()
+	s.sub = nil
+	if s.adm != nil {
+		s.adm.release()
+		s.adm = nil
+	}
 }
 
 // lastEventID returns the client's cursor text: the Last-Event-ID header

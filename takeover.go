@@ -47,8 +47,14 @@ func (h *Handler) takeOver(w http.ResponseWriter, r *http.Request, s *stream) bo
 	if err != nil {
 		return false
 	}
-	cw := &connWriter{conn: conn, timeout: time.Duration(h.SlowClientTimeout)}
-	if raw := rawTCPConn(conn); raw == nil || !h.loops.adopt(s, conn, raw, cw) {
+	raw := rawTCPConn(conn)
+	if raw != nil {
+		// keep only the socket: Caddy's wrapper (which counts bytes for the
+		// access log) holds the whole request and its buffers
+		conn = raw
+	}
+	if raw == nil || !h.loops.adopt(s, raw) {
+		cw := &connWriter{conn: conn, timeout: time.Duration(h.SlowClientTimeout)}
 		s.out = cw
 		go s.serveHijacked(cw)
 	}
@@ -203,4 +209,13 @@ func acquireLoops() (*loopSet, error) {
 
 func releaseLoops() {
 	_, _ = loopsPool.Delete(loopsKey)
+}
+
+// endDetached ends a stream whose connection was lost while it was handed
+// over (the loop could not take it).
+func (s *stream) endDetached(err error) {
+	go func() {
+		s.finish(context.Background(), err)
+		s.release()
+	}()
 }

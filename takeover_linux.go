@@ -44,7 +44,7 @@ func (ls *loopSet) start() error {
 
 // adopt gives a taken-over stream to a loop; false if there is no loop to
 // take it (it then keeps a goroutine).
-func (ls *loopSet) adopt(s *stream, conn net.Conn, tcp *net.TCPConn, cw *connWriter) bool {
+func (ls *loopSet) adopt(s *stream, tcp *net.TCPConn) bool {
 	if ls.start() != nil {
 		return false
 	}
@@ -54,7 +54,7 @@ func (ls *loopSet) adopt(s *stream, conn net.Conn, tcp *net.TCPConn, cw *connWri
 			l = other
 		}
 	}
-	return l.adopt(s, conn, tcp, cw)
+	return l.adopt(s, tcp)
 }
 
 // Destruct stops the loops and closes what they still hold.
@@ -96,10 +96,9 @@ type pollLoop struct {
 // tconn is a taken-over stream's connection as its loop sees it.
 type tconn struct {
 	loop      *pollLoop
-	conn      net.Conn
-	fd        int
+	fd        int // ours alone (see detach)
 	token     uint64
-	cw        *connWriter
+	cw        *fdWriter // the writer of its goroutine, when it needs one
 	lw        loopWriter
 	scheduled atomic.Bool
 	busy      atomic.Bool  // a goroutine of its own has the stream
@@ -138,17 +137,12 @@ func newPollLoop() (*pollLoop, error) {
 	return l, nil
 }
 
-func (l *pollLoop) adopt(s *stream, conn net.Conn, tcp *net.TCPConn, cw *connWriter) bool {
-	raw, err := tcp.SyscallConn()
+func (l *pollLoop) adopt(s *stream, tcp *net.TCPConn) bool {
+	fd, err := detach(tcp)
 	if err != nil {
 		return false
 	}
-	fd := -1
-	_ = raw.Control(func(f uintptr) { fd = int(f) })
-	if fd < 0 {
-		return false
-	}
-	tk := &tconn{loop: l, conn: conn, fd: fd, cw: cw}
+	tk := &tconn{loop: l, fd: fd}
 	tk.lw = loopWriter{tk: tk}
 	// the loop may see the connection's events as soon as it is added:
 	// the stream must be ready for them by then
@@ -158,7 +152,9 @@ func (l *pollLoop) adopt(s *stream, conn net.Conn, tcp *net.TCPConn, cw *connWri
 	if l.closed {
 		l.mu.Unlock()
 		s.tk.Store(nil)
-		return false
+		unix.Close(fd) // the loops are stopping: so is the server
+		s.endDetached(errors.New("the server is stopping"))
+		return true
 	}
 	l.lastToken++
 	tk.token = l.lastToken
@@ -171,11 +167,34 @@ func (l *pollLoop) adopt(s *stream, conn net.Conn, tcp *net.TCPConn, cw *connWri
 		delete(l.byToken, tk.token)
 		l.mu.Unlock()
 		l.count.Add(-1)
+		unix.Close(fd)
 		s.tk.Store(nil)
-		return false
+		s.endDetached(err)
+		return true
 	}
 	l.schedule(s) // whatever was queued while the stream started
 	return true
+}
+
+// detach takes the socket out of Go's hands: a duplicate of its file
+// descriptor stays (non-blocking, as Go left it) and the net.TCPConn is
+// closed, which frees its poll descriptor, addresses and buffers — a few
+// hundred bytes per idle stream. The socket itself stays open through the
+// duplicate.
+func detach(tcp *net.TCPConn) (int, error) {
+	raw, err := tcp.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	dup, derr := -1, error(nil)
+	if err := raw.Control(func(f uintptr) { dup, derr = unix.FcntlInt(f, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return -1, err
+	}
+	if derr != nil {
+		return -1, derr
+	}
+	_ = tcp.Close()
+	return dup, nil
 }
 
 // schedule makes the loop service the stream soon; called by Deliver, the
@@ -355,7 +374,10 @@ func (l *pollLoop) close(s *stream, n *closeNotice) {
 func (l *pollLoop) slow(s *stream, batch []queued, overflowed bool) {
 	tk := s.tk.Load()
 	tk.busy.Store(true)
-	l.watch(tk, 0) // the goroutine writes with blocking writes meanwhile
+	l.watch(tk, 0)    // the goroutine writes with blocking writes meanwhile
+	if tk.cw == nil { // made when first needed: most streams never need it
+		tk.cw = &fdWriter{fd: tk.fd, timeout: time.Duration(s.h.SlowClientTimeout)}
+	}
 	tk.cw.framed = append(tk.cw.framed[:0], tk.pending...)
 	tk.pending = nil
 	s.out = tk.cw
@@ -434,7 +456,7 @@ func (l *pollLoop) end(s *stream, err error) {
 	l.mu.Lock()
 	delete(l.byToken, tk.token)
 	l.mu.Unlock()
-	_ = tk.conn.Close()
+	unix.Close(tk.fd)
 	tk.pending = nil
 	l.count.Add(-1)
 	go func() {
@@ -542,3 +564,67 @@ func (tk *tconn) schedule(s *stream) { tk.loop.schedule(s) }
 
 // blockedSince is when the socket stopped taking bytes (Unix ns), or 0.
 func (tk *tconn) blockedSince() int64 { return tk.blocked.Load() }
+
+// fdWriter writes a taken-over stream from a goroutine of its own, with
+// blocking writes (poll(2) waits for the socket) in chunked encoding, each
+// flush bounded by the slow-client timeout.
+type fdWriter struct {
+	fd      int
+	timeout time.Duration
+	framed  []byte // bytes already in chunks, sent before the next chunk
+	body    []byte // the next chunk's data
+}
+
+func (fw *fdWriter) Write(p []byte) error {
+	fw.body = append(fw.body, p...)
+	return nil
+}
+
+func (fw *fdWriter) Flush() error { return fw.sendAll(fw.timeout) }
+
+func (fw *fdWriter) WriteLast(p []byte) error {
+	fw.body = append(fw.body, p...)
+	return fw.sendAll(min(fw.timeout, lastWordsTimeout))
+}
+
+// MayBlock is true: its writes wait for the client, within the timeout.
+func (fw *fdWriter) MayBlock() bool { return true }
+
+func (fw *fdWriter) sendAll(timeout time.Duration) error {
+	out := fw.framed
+	if len(fw.body) > 0 {
+		out = appendChunk(out, fw.body)
+	}
+	fw.framed, fw.body = fw.framed[:0], fw.body[:0]
+	err := writeFull(fw.fd, out, time.Now().Add(timeout))
+	if cap(fw.body) > 1<<20 {
+		fw.body = nil
+	}
+	return err
+}
+
+// writeFull writes all of p to a non-blocking socket, waiting with poll(2)
+// while it is full, until deadline.
+func writeFull(fd int, p []byte, deadline time.Time) error {
+	for len(p) > 0 {
+		n, err := unix.Write(fd, p)
+		if n > 0 {
+			p = p[n:]
+		}
+		switch {
+		case err == nil, errors.Is(err, unix.EINTR):
+			continue
+		case !errors.Is(err, unix.EAGAIN):
+			return err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return errSlowWrite
+		}
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+		if _, err := unix.Poll(fds, int(left/time.Millisecond)+1); err != nil && !errors.Is(err, unix.EINTR) {
+			return err
+		}
+	}
+	return nil
+}

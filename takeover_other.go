@@ -11,7 +11,7 @@ func newLoopSet() *loopSet { return &loopSet{} }
 
 func (ls *loopSet) supported() bool { return false }
 
-func (ls *loopSet) adopt(*stream, net.Conn, *net.TCPConn, *connWriter) bool { return false }
+func (ls *loopSet) adopt(*stream, *net.TCPConn) bool { return false }
 
 // Destruct does nothing.
 func (ls *loopSet) Destruct() error { return nil }

@@ -51,7 +51,7 @@ type Membership struct {
 // Subscription is what Subscribe returns; Close ends it.
 type Subscription struct {
 	hub     *Hub
-	members []*Membership
+	members []Membership // one allocation for all the channels
 	done    bool
 }
 
@@ -116,7 +116,7 @@ func (h *Hub) Read(ctx context.Context, channel string, after *replay.Position, 
 // history, so that no event falls between the two (events seen twice are
 // told apart by their position).
 func (h *Hub) Subscribe(sub Subscriber, channels []string) *Subscription {
-	s := &Subscription{hub: h, members: make([]*Membership, len(channels))}
+	s := &Subscription{hub: h, members: make([]Membership, len(channels))}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for i, name := range channels {
@@ -126,12 +126,12 @@ func (h *Hub) Subscribe(sub Subscriber, channels []string) *Subscription {
 			h.channels[name] = ms
 			h.broker.Watch(name)
 		}
-		m := &Membership{sub: sub, slot: i, name: name, of: ms}
+		m := &s.members[i]
+		*m = Membership{sub: sub, slot: i, name: name, of: ms}
 		ms.mu.Lock()
 		m.index = len(ms.list)
 		ms.list = append(ms.list, m)
 		ms.mu.Unlock()
-		s.members[i] = m
 	}
 	return s
 }
@@ -148,7 +148,8 @@ func (s *Subscription) Close() {
 		return
 	}
 	s.done = true
-	for _, m := range s.members {
+	for i := range s.members {
+		m := &s.members[i]
 		ms := m.of
 		ms.mu.Lock()
 		last := ms.list[len(ms.list)-1]
