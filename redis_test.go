@@ -388,3 +388,25 @@ func waitReplicaHas(t *testing.T, replica *redistest.Server, key, n string) {
 	}
 	t.Fatalf("%s did not reach the replica", key)
 }
+
+// With Redis, the admin stats add each top principal's streams across
+// every instance (the leases in Redis), and name the Redis backend.
+func TestRedisAdminStatsCountPrincipalsAcrossInstances(t *testing.T) {
+	rds := redistest.Start(t)
+	srv, admin := startCaddyWithAdmin(t, redisSite(rds.URL(), "principal {query.user}", "max_connections_per_principal 5"))
+	srv.subscribe("/events?channels=a&user=u1", nil).comment("ok")
+	// another instance's lease for the same principal, as its leases would
+	// be stored (prefix sse:, score = expiry in ms)
+	rds.MustCLI("ZADD", "sse:lease:{u1}", fmt.Sprint(time.Now().Add(time.Minute).UnixMilli()), "other-instance:1")
+	status, got := getStats(t, admin+"/sse/stats")
+	if status != 200 || len(got.Hubs) != 1 || len(got.Hubs[0].TopPrincipals) != 1 {
+		t.Fatalf("stats: %d %+v", status, got)
+	}
+	p := got.Hubs[0].TopPrincipals[0]
+	if p.Principal != "u1" || p.Streams != 1 || p.ClusterStreams == nil || *p.ClusterStreams != 2 {
+		t.Fatalf("principal stats %+v (cluster %v), want u1 with 1 stream here and 2 across instances", p, p.ClusterStreams)
+	}
+	if !strings.HasPrefix(got.Hubs[0].Backend, "redis ") {
+		t.Fatalf("backend %q", got.Hubs[0].Backend)
+	}
+}

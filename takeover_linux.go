@@ -87,10 +87,13 @@ type pollLoop struct {
 	lastToken uint64
 	closed    bool
 
-	sleeping atomic.Bool
-	count    atomic.Int64
-	chunk    []byte // the chunk being written (loop goroutine only)
-	done     chan struct{}
+	count  atomic.Int64
+	chunk  []byte        // the chunk being written (loop goroutine only)
+	kick   chan struct{} // something was scheduled or returned
+	events chan []unix.EpollEvent
+	ack    chan struct{} // the loop has handled the events it was sent
+	stop   chan struct{}
+	done   chan struct{}
 }
 
 // tconn is a taken-over stream's connection as its loop sees it.
@@ -127,7 +130,9 @@ func newPollLoop() (*pollLoop, error) {
 		unix.Close(epfd)
 		return nil, err
 	}
-	l := &pollLoop{epfd: epfd, wakefd: wakefd, byToken: make(map[uint64]*stream), done: make(chan struct{})}
+	l := &pollLoop{epfd: epfd, wakefd: wakefd, byToken: make(map[uint64]*stream),
+		kick: make(chan struct{}, 1), events: make(chan []unix.EpollEvent), ack: make(chan struct{}),
+		stop: make(chan struct{}), done: make(chan struct{})}
 	ev := unix.EpollEvent{Events: unix.EPOLLIN} // token 0: wakeToken
 	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wakefd, &ev); err != nil {
 		unix.Close(epfd)
@@ -207,43 +212,59 @@ func (l *pollLoop) schedule(s *stream) {
 	l.mu.Lock()
 	l.ready = append(l.ready, s)
 	l.mu.Unlock()
-	if l.sleeping.Load() {
-		l.wake()
+	l.wake()
+}
+
+// wake makes the loop look at what was scheduled or returned.
+func (l *pollLoop) wake() {
+	select {
+	case l.kick <- struct{}{}:
+	default:
 	}
 }
 
-func (l *pollLoop) wake() {
-	var one = [8]byte{1}
-	_, _ = unix.Write(l.wakefd, one[:])
-}
-
+// run is the loop. It waits on channels, not in epoll_wait: a goroutine
+// blocked in a system call would cost every wake-up a hand-off to another
+// thread; poll blocks there instead and passes the events on.
 func (l *pollLoop) run() {
 	defer close(l.done)
-	events := make([]unix.EpollEvent, 256)
+	go l.poll()
 	for {
-		l.sleeping.Store(true)
-		l.mu.Lock()
-		busy, closed := len(l.ready) > 0 || len(l.returned) > 0, l.closed
-		l.mu.Unlock()
-		if closed {
-			l.sleeping.Store(false)
+		select {
+		case <-l.kick:
+		case evs := <-l.events:
+			for _, ev := range evs {
+				l.handle(ev)
+			}
+			l.ack <- struct{}{}
+		case <-l.stop:
 			l.endAll()
 			return
 		}
-		timeout := -1
-		if busy {
-			timeout = 0
-		}
-		n, err := unix.EpollWait(l.epfd, events, timeout)
-		l.sleeping.Store(false)
-		if err != nil && !errors.Is(err, unix.EINTR) {
-			continue
-		}
-		for i := range max(n, 0) {
-			l.handle(events[i])
-		}
 		l.takeReturned()
 		l.serviceReady()
+	}
+}
+
+// poll waits for the connections' events and hands them to the loop,
+// waiting until it has handled them (level-triggered events would come
+// back otherwise).
+func (l *pollLoop) poll() {
+	buf := make([]unix.EpollEvent, 256)
+	for {
+		n, err := unix.EpollWait(l.epfd, buf, -1)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			return // the loop closed its epoll instance
+		}
+		if n <= 0 {
+			continue
+		}
+		select {
+		case l.events <- buf[:n]:
+			<-l.ack
+		case <-l.stop:
+			return
+		}
 	}
 }
 
@@ -262,7 +283,7 @@ const wakeToken = 0
 
 func (l *pollLoop) handle(ev unix.EpollEvent) {
 	if eventToken(ev) == wakeToken {
-		var buf [8]byte
+		var buf [8]byte // stopping: poll sees stop next
 		_, _ = unix.Read(l.wakefd, buf[:])
 		return
 	}
@@ -483,7 +504,9 @@ func (l *pollLoop) shutdown() {
 	l.mu.Lock()
 	l.closed = true
 	l.mu.Unlock()
-	l.wake()
+	close(l.stop)
+	var one = [8]byte{1}
+	_, _ = unix.Write(l.wakefd, one[:]) // wakes poll out of epoll_wait
 	select {
 	case <-l.done:
 	case <-time.After(5 * time.Second):
