@@ -419,3 +419,25 @@ func TestRedisFallbackLocal(t *testing.T) {
 		t.Fatalf("got %+v %q", got[1].Pos, dataOf(got[1]))
 	}
 }
+
+// wait_replicas: a publish returns once the replica has the event (WAIT on
+// the connection that wrote it), so the replica has it at once.
+func TestRedisWaitReplicas(t *testing.T) {
+	primary := redistest.Start(t)
+	replica := redistest.Start(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port))
+	deadline := time.Now().Add(redisWait)
+	for !strings.Contains(replica.MustCLI("INFO", "replication"), "master_link_status:up") {
+		if time.Now().After(deadline) {
+			t.Fatal("the replica did not connect")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	hub, _ := newRedisHub(t, RedisOptions{Addrs: []string{primary.Addr()}, WaitReplicas: 1, WaitTimeout: 5 * time.Second})
+	for i := 1; i <= 20; i++ {
+		publishTo(t, hub, "w", fmt.Sprint(i))
+		// no polling: WAIT made sure the replica has it when publish returned
+		if n := replica.MustCLI("XLEN", "sse:{w}:s"); n != strconv.Itoa(i) {
+			t.Fatalf("after publish %d the replica has %s events", i, n)
+		}
+	}
+}

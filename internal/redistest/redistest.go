@@ -67,6 +67,8 @@ func Start(t testing.TB, extra ...string) *Server {
 	s.args = append([]string{
 		"--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--dir", s.Dir, "--daemonize", "no", "--loglevel", "warning",
+		// a replica's first sync starts at once, not after the default 5 s
+		"--repl-diskless-sync-delay", "0",
 	}, extra...)
 	t.Cleanup(s.Stop)
 	// a port free a moment ago may be taken meanwhile by another test
