@@ -3,6 +3,7 @@ package caddysse
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -49,13 +50,13 @@ func (r *rejection) Error() string { return r.code + ": " + r.detail }
 // resolveChannels turns the handler's templates into the channel names of
 // one request, in order and without duplicates, or the reason to refuse it
 // (SPEC S2 step 2).
-func (h *Handler) resolveChannels(repl *caddy.Replacer) ([]string, *rejection) {
+func (h *Handler) resolveChannels(r *http.Request, repl *caddy.Replacer) ([]string, *rejection) {
 	var names []string
-	seen := make(map[string]struct{}, len(h.Channels))
-	for _, tmpl := range h.Channels {
-		value, err := repl.ReplaceOrErr(tmpl, true, true)
-		if err != nil || strings.TrimSpace(value) == "" {
-			return nil, &rejection{status: 403, code: "channel_unresolved", detail: fmt.Sprintf("template %q did not resolve", tmpl)}
+	seen := make(map[string]struct{}, len(h.channelTemplates))
+	for _, tmpl := range h.channelTemplates {
+		value, ok := tmpl.resolve(r, repl)
+		if !ok || strings.TrimSpace(value) == "" {
+			return nil, &rejection{status: 403, code: "channel_unresolved", detail: fmt.Sprintf("template %q did not resolve", tmpl.raw)}
 		}
 		for _, name := range strings.Split(value, ",") {
 			name = strings.TrimSpace(name)

@@ -40,13 +40,13 @@ type client struct {
 
 // resolvePrincipal resolves the principal template of a request (SPEC S2
 // step 1). Without a template the stream has no principal.
-func (h *Handler) resolvePrincipal(repl *caddy.Replacer) (string, *rejection) {
+func (h *Handler) resolvePrincipal(r *http.Request, repl *caddy.Replacer) (string, *rejection) {
 	if h.Principal == "" {
 		return "", nil
 	}
-	value, err := repl.ReplaceOrErr(h.Principal, true, true)
+	value, ok := h.principalTemplate.resolve(r, repl)
 	value = strings.TrimSpace(value)
-	if err != nil || value == "" {
+	if !ok || value == "" {
 		return "", &rejection{status: http.StatusUnauthorized, code: "principal_unresolved", detail: fmt.Sprintf("template %q did not resolve", h.Principal)}
 	}
 	if err := validatePrincipal(value); err != nil {

@@ -198,15 +198,18 @@ type Handler struct {
 	// Publish enables publishing with a POST to this route.
 	Publish *PublishConfig `json:"publish,omitempty"`
 
-	logger  *zap.Logger
-	hub     *pubsub.Hub
-	loops   *loopSet // the takeover writer's event loops, if used
-	loopsOn bool     // a reference to them is held
-	hubKey  string
-	streams *registry
-	secret  []byte
-	limits  replay.Limits
-	metrics *metrics
+	logger *zap.Logger
+	hub    *pubsub.Hub
+	loops  *loopSet // the takeover writer's event loops, if used
+
+	channelTemplates  []template
+	principalTemplate template
+	loopsOn           bool // a reference to them is held
+	hubKey            string
+	streams           *registry
+	secret            []byte
+	limits            replay.Limits
+	metrics           *metrics
 }
 
 // PublishConfig enables publishing on a route.
@@ -236,6 +239,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.limits = h.hubLimits()
+	h.channelTemplates = make([]template, len(h.Channels))
+	for i, raw := range h.Channels {
+		h.channelTemplates[i] = compileTemplate(raw)
+	}
+	h.principalTemplate = compileTemplate(h.Principal)
 	m, err := acquireMetrics(ctx.GetMetricsRegistry())
 	if err != nil {
 		return err

@@ -22,11 +22,11 @@ import (
 // client leaves or the server closes.
 func (h *Handler) subscribe(w http.ResponseWriter, r *http.Request) error {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	principal, rej := h.resolvePrincipal(repl)
+	principal, rej := h.resolvePrincipal(r, repl)
 	if rej != nil {
 		return h.reject(w, r, rej, 0)
 	}
-	names, rej := h.resolveChannels(repl)
+	names, rej := h.resolveChannels(r, repl)
 	if rej != nil {
 		return h.reject(w, r, rej, 0)
 	}
