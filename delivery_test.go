@@ -301,3 +301,62 @@ func openStreamGated(t *testing.T, url string, client *http.Client) gatedClient 
 	})
 	return gatedClient{c, g}
 }
+
+// A stream whose response is not chunked (a header handler set
+// Transfer-Encoding: identity) is written as such by either writer: no
+// chunk framing ever appears in its body.
+func TestIdentityTransferEncodingStream(t *testing.T) {
+	srv := startCaddy(t, `
+:{PORT} {
+	header Transfer-Encoding identity
+	sse /events {
+		channel a
+		publish {
+			secret `+testSecret+`
+		}
+	}
+}
+`)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(srv.base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "GET /events HTTP/1.1\r\nHost: test\r\n\r\n")
+	r := bufio.NewReader(conn)
+	_ = conn.SetReadDeadline(time.Now().Add(waitFor))
+	var lines []string
+	published := false
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("reading the stream: %v (so far %q)", err, lines)
+		}
+		lines = append(lines, line)
+		if strings.HasPrefix(line, ": ok") && !published {
+			published = true
+			srv.publish("/events", map[string]any{"channel": "a", "data": "plain"})
+		}
+		if strings.HasPrefix(line, "data: plain") {
+			break
+		}
+	}
+	for _, line := range lines {
+		if strings.EqualFold(strings.TrimSpace(line), "Transfer-Encoding: chunked") || isChunkSize(line) {
+			t.Fatalf("chunk framing in an identity response: %q", lines)
+		}
+	}
+}
+
+func isChunkSize(line string) bool {
+	line = strings.TrimRight(line, "\r\n")
+	if line == "" {
+		return false
+	}
+	for _, c := range line {
+		if !strings.ContainsRune("0123456789abcdefABCDEF", c) {
+			return false
+		}
+	}
+	return true
+}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"reflect"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -42,6 +43,9 @@ const (
 func (h *Handler) takeOver(w http.ResponseWriter, r *http.Request, s *stream) bool {
 	if h.loops == nil || r.ProtoMajor != 1 || r.ProtoMinor != 1 || r.TLS != nil || s.closing.Load() != nil {
 		return false
+	}
+	if strings.EqualFold(w.Header().Get("Transfer-Encoding"), "identity") {
+		return false // net/http did not chunk this response: the loop writes chunks
 	}
 	conn, _, err := http.NewResponseController(w).Hijack()
 	if err != nil {
