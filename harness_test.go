@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -21,6 +20,7 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
 	"github.com/caddy-sse/caddy-sse/internal/freeport"
+	"github.com/caddy-sse/caddy-sse/internal/testwriter"
 	"github.com/caddy-sse/caddy-sse/replay"
 )
 
@@ -97,26 +97,9 @@ func startCaddy(t *testing.T, sites string, globals ...string) *testServer {
 		base2: fmt.Sprintf("http://127.0.0.1:%d", port2)}
 }
 
-// sseBlock matches the opening line of an sse directive's block.
-var sseBlock = regexp.MustCompile(`(?m)^(\s*)sse\b[^\n{]*\{[ \t]*$`)
-
-// writerLine matches a writer line that withTestWriter put in.
-var writerLine = regexp.MustCompile(`(?m)^[ \t]*writer (net_http|takeover)[ \t]*\n`)
-
-// withTestWriter puts `writer <mode>` into every sse block when
-// SSE_TEST_WRITER is set, so that the whole suite runs with each writer.
-func withTestWriter(caddyfile string) string {
-	mode := os.Getenv("SSE_TEST_WRITER")
-	if mode == "" {
-		return caddyfile
-	}
-	caddyfile = writerLine.ReplaceAllString(caddyfile, "") // idempotent
-	return sseBlock.ReplaceAllString(caddyfile, "$0\n${1}\twriter "+mode)
-}
-
 func adapt(t testing.TB, caddyfile string) []byte {
 	t.Helper()
-	caddyfile = withTestWriter(caddyfile)
+	caddyfile = testwriter.Apply(caddyfile)
 	cfg, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), map[string]any{"filename": "Caddyfile"})
 	if err != nil {
 		t.Fatalf("adapting Caddyfile: %v\n%s", err, caddyfile)

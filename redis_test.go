@@ -36,25 +36,11 @@ func redisSite(url string, extra ...string) string {
 `
 }
 
-func waitShardSubscribers(t *testing.T, srv *redistest.Server, key string, n int) {
-	t.Helper()
-	deadline := time.Now().Add(waitFor)
-	var out string
-	for time.Now().Before(deadline) {
-		out, _ = srv.CLI("PUBSUB", "SHARDNUMSUB", key)
-		if f := strings.Fields(out); len(f) == 2 && f[1] == fmt.Sprint(n) {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("%s has subscribers %q, want %d", key, out, n)
-}
-
 func TestRedisPublishSubscribeAndReplay(t *testing.T) {
 	rds := redistest.Start(t)
 	srv := startCaddy(t, redisSite(rds.URL()))
 	c := srv.subscribe("/events?channels=a", nil)
-	waitShardSubscribers(t, rds, "sse:{a}", 1)
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
 	ids := srv.publishN("a", "e", 1, 5)
 	if got := c.nextData(5); fmt.Sprint(got) != "[e1 e2 e3 e4 e5]" {
 		t.Fatalf("live: %v", got)
@@ -76,7 +62,7 @@ func TestRedisOutage(t *testing.T) {
 	rds := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
 	srv := startCaddy(t, redisSite(rds.URL(), "heartbeat 200ms"))
 	open := srv.subscribe("/events?channels=a", nil)
-	waitShardSubscribers(t, rds, "sse:{a}", 1)
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
 	ids := srv.publishN("a", "e", 1, 3)
 	open.nextData(3)
 
@@ -101,7 +87,7 @@ func TestRedisOutage(t *testing.T) {
 	if got := degraded.nextData(2); fmt.Sprint(got) != "[e2 e3]" {
 		t.Fatalf("replay after Redis came back: %v", got)
 	}
-	waitShardSubscribers(t, rds, "sse:{a}", 1)
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
 	srv.publish("/events", map[string]any{"channel": "a", "data": "e4"})
 	for _, c := range []*sseClient{open, degraded} {
 		if got := c.next(); got.Data != "e4" {
@@ -117,7 +103,7 @@ func TestRedisReloadDoesNotDuplicateSubscriptions(t *testing.T) {
 	site := redisSite(rds.URL())
 	srv := startCaddy(t, site)
 	c := srv.subscribe("/events?channels=a", nil)
-	waitShardSubscribers(t, rds, "sse:{a}", 1)
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
 	srv.publish("/events", map[string]any{"channel": "a", "data": "before"})
 	last := c.next()
 	srv.reload(site)
@@ -125,7 +111,7 @@ func TestRedisReloadDoesNotDuplicateSubscriptions(t *testing.T) {
 		t.Fatalf("got %+v", ev)
 	}
 	r := srv.subscribe("/events?channels=a", header("Last-Event-ID", last.ID))
-	waitShardSubscribers(t, rds, "sse:{a}", 1)
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
 	srv.publish("/events", map[string]any{"channel": "a", "data": "after"})
 	if got := r.next(); got.Data != "after" {
 		t.Fatalf("got %+v", got)
@@ -135,14 +121,14 @@ func TestRedisReloadDoesNotDuplicateSubscriptions(t *testing.T) {
 		srv.reload(site)
 	}
 	srv.subscribe("/events?channels=a", nil)
-	waitShardSubscribers(t, rds, "sse:{a}", 1)
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
 }
 
 func TestRedisFallbackLocal(t *testing.T) {
 	rds := redistest.Start(t)
 	srv := startCaddy(t, redisSite(rds.URL(), "fallback local"))
 	c := srv.subscribe("/events?channels=a", nil)
-	waitShardSubscribers(t, rds, "sse:{a}", 1)
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
 	srv.publish("/events", map[string]any{"channel": "a", "data": "via redis"})
 	c.next()
 	rds.Kill()
@@ -212,7 +198,7 @@ func TestRedisMetricsAndStats(t *testing.T) {
 }
 `)
 	srv.subscribe("/events?channels=a,b", nil)
-	waitShardSubscribers(t, rds, "sse:{b}", 1)
+	rds.WaitShardSubscribers(t, "sse:{b}", 1)
 	resp := do(t, http.MethodGet, srv.base2+"/metrics", nil, "")
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(resp.Body)
@@ -246,11 +232,11 @@ func TestRedisClusterThroughCaddy(t *testing.T) {
 	channels := "a,b,c"
 	c := srv.subscribe("/events?channels="+channels, nil)
 	for _, ch := range strings.Split(channels, ",") {
-		waitShardSubscribers(t, cluster.NodeOfSlot(t, slotOf(ch)), "sse:{"+ch+"}", 1)
+		cluster.NodeOfSlot(t, redistest.SlotOf(ch)).WaitShardSubscribers(t, "sse:{"+ch+"}", 1)
 	}
 	owners := map[string]bool{}
 	for _, ch := range strings.Split(channels, ",") {
-		owners[cluster.NodeOfSlot(t, slotOf(ch)).Addr()] = true
+		owners[cluster.NodeOfSlot(t, redistest.SlotOf(ch)).Addr()] = true
 	}
 	if len(owners) != 3 {
 		t.Fatalf("channels %s are on %d primaries, want 3", channels, len(owners))
@@ -270,23 +256,6 @@ func TestRedisClusterThroughCaddy(t *testing.T) {
 	if got := r.nextData(1); got[0] != "a2" {
 		t.Fatalf("replay: %v", got)
 	}
-}
-
-// slotOf is Redis Cluster's hash slot of a channel's keys (CRC-16/XMODEM
-// of the hash tag, which is the channel).
-func slotOf(channel string) int {
-	var crc uint16
-	for i := 0; i < len(channel); i++ {
-		crc ^= uint16(channel[i]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return int(crc) % 16384
 }
 
 // After FLUSHALL a reconnect with an old id is told its replay is
@@ -332,7 +301,7 @@ func TestRedisFailoverLosingAnEventIsTruncation(t *testing.T) {
 }
 `)
 	c := srv.subscribe("/events?channels=f", nil)
-	waitShardSubscribers(t, s.Primary, "sse:{f}", 1)
+	s.Primary.WaitShardSubscribers(t, "sse:{f}", 1)
 	srv.publish("/events", map[string]any{"channel": "f", "data": "kept"})
 	c.next()
 	waitReplicaHas(t, s.Replica, "sse:{f}:s", "1")

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/caddy-sse/caddy-sse/internal/freeport"
+	"github.com/caddy-sse/caddy-sse/internal/testwriter"
 )
 
 // caddyBin is the caddy binary built by TestMain.
@@ -99,23 +99,6 @@ func (b *lockedBuffer) String() string {
 	return b.buf.String()
 }
 
-// sseBlock matches the opening line of an sse directive's block.
-var sseBlock = regexp.MustCompile(`(?m)^(\s*)sse\b[^\n{]*\{[ \t]*$`)
-
-// writerLine matches a writer line that withTestWriter put in.
-var writerLine = regexp.MustCompile(`(?m)^[ \t]*writer (net_http|takeover)[ \t]*\n`)
-
-// withTestWriter puts `writer <mode>` into every sse block when
-// SSE_TEST_WRITER is set, so that the suite runs with each writer.
-func withTestWriter(caddyfile string) string {
-	mode := os.Getenv("SSE_TEST_WRITER")
-	if mode == "" {
-		return caddyfile
-	}
-	caddyfile = writerLine.ReplaceAllString(caddyfile, "") // idempotent
-	return sseBlock.ReplaceAllString(caddyfile, "$0\n${1}\twriter "+mode)
-}
-
 // caddyProc is a running caddy binary started by a test.
 type caddyProc struct {
 	t         *testing.T
@@ -139,7 +122,7 @@ func startCaddy(t *testing.T, adminAddr, caddyfile string) *caddyProc {
 	t.Helper()
 	dir := t.TempDir()
 	config := filepath.Join(dir, "Caddyfile")
-	if err := os.WriteFile(config, []byte(withTestWriter(caddyfile)), 0o600); err != nil {
+	if err := os.WriteFile(config, []byte(testwriter.Apply(caddyfile)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	home := filepath.Join(dir, "home")
@@ -254,7 +237,7 @@ func (p *caddyProc) tryCLI(timeout time.Duration, args ...string) (time.Duration
 // writeConfig replaces the process's Caddyfile (for a later reload).
 func (p *caddyProc) writeConfig(caddyfile string) {
 	p.t.Helper()
-	if err := os.WriteFile(p.config, []byte(withTestWriter(caddyfile)), 0o600); err != nil {
+	if err := os.WriteFile(p.config, []byte(testwriter.Apply(caddyfile)), 0o600); err != nil {
 		p.t.Fatal(err)
 	}
 }

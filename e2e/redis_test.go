@@ -48,22 +48,6 @@ http://:%d {
 	return &instance{proc: p, streamURL: base, publish: base}
 }
 
-// waitRedisSubscribed waits until n connections subscribe to the shard
-// channel (each instance subscribes asynchronously, once per channel).
-func waitRedisSubscribed(t *testing.T, rds *redistest.Server, key string, n int) {
-	t.Helper()
-	deadline := time.Now().Add(waitFor)
-	var out string
-	for time.Now().Before(deadline) {
-		out, _ = rds.CLI("PUBSUB", "SHARDNUMSUB", key)
-		if f := strings.Fields(out); len(f) == 2 && f[1] == fmt.Sprint(n) {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("%s: subscribers %q, want %d", key, out, n)
-}
-
 // Two instances share one Redis: an event published on A reaches B's
 // subscriber; a client that read some events from A reconnects to B with
 // its Last-Event-ID and gets exactly the rest, including those published
@@ -75,7 +59,7 @@ func TestTwoInstancesFanOutAndResume(t *testing.T) {
 
 	onB := openStream(t, client, b.streamURL+"?channels=invoices", "")
 	onA := openStream(t, client, a.streamURL+"?channels=invoices", "")
-	waitRedisSubscribed(t, rds, "sse:{invoices}", 2)
+	rds.WaitShardSubscribers(t, "sse:{invoices}", 2)
 	for i := 1; i <= 3; i++ {
 		publish(t, pub, a.publish, testSecret, "invoices", fmt.Sprint("paid-", i))
 	}
@@ -107,7 +91,7 @@ func TestDirectRedisPublishReachesBothInstances(t *testing.T) {
 	client, pub := h1Client(t, true), h1Client(t, false)
 	onA := openStream(t, client, a.streamURL+"?channels=wallet:9", "")
 	onB := openStream(t, client, b.streamURL+"?channels=wallet:9", "")
-	waitRedisSubscribed(t, rds, "sse:{wallet:9}", 2)
+	rds.WaitShardSubscribers(t, "sse:{wallet:9}", 2)
 	// the library is loaded by the instances when they first need it: a
 	// publish through Caddy makes sure it is there
 	publish(t, pub, a.publish, testSecret, "wallet:9", "first")

@@ -13,32 +13,12 @@ import (
 	"github.com/caddy-sse/caddy-sse/replay"
 )
 
-// crc16 is Redis Cluster's key hash (CRC-16/XMODEM), to pick channel names
-// that land on given slots.
-func crc16(s string) uint16 {
-	var crc uint16
-	for i := 0; i < len(s); i++ {
-		crc ^= uint16(s[i]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return crc
-}
-
-// slotOf is the slot of a channel's keys: its hash tag is the channel.
-func slotOf(channel string) int { return int(crc16(channel)) % 16384 }
-
 // channelInSlot finds a channel name whose keys are in slot.
 func channelInSlot(t *testing.T, slot int) string {
 	t.Helper()
 	for i := range 1_000_000 {
 		name := "ch" + strconv.Itoa(i)
-		if slotOf(name) == slot {
+		if redistest.SlotOf(name) == slot {
 			return name
 		}
 	}
@@ -55,7 +35,7 @@ func TestRedisClusterFanOutAndReplay(t *testing.T) {
 	channels := []string{channelInSlot(t, 100), channelInSlot(t, 8000), channelInSlot(t, 16000)}
 	owners := map[string]bool{}
 	for _, c := range channels {
-		owners[cluster.NodeOfSlot(t, slotOf(c)).Addr()] = true
+		owners[cluster.NodeOfSlot(t, redistest.SlotOf(c)).Addr()] = true
 	}
 	if len(owners) != 3 {
 		t.Fatalf("channels on %d primaries, want 3", len(owners))
@@ -63,7 +43,7 @@ func TestRedisClusterFanOutAndReplay(t *testing.T) {
 	rec := newRedisRecorder()
 	defer sub.Subscribe(rec, channels).Close()
 	for _, c := range channels {
-		waitSubscribed(t, cluster.NodeOfSlot(t, slotOf(c)), "sse:{"+c+"}", 1)
+		cluster.NodeOfSlot(t, redistest.SlotOf(c)).WaitShardSubscribers(t, "sse:{"+c+"}", 1)
 	}
 	for i := range 10 {
 		for _, c := range channels {
@@ -102,7 +82,7 @@ func TestRedisClusterReshardLosesNothing(t *testing.T) {
 	}
 	rec := newRedisRecorder()
 	defer sub.Subscribe(rec, []string{channel}).Close()
-	waitSubscribed(t, from, "sse:{"+channel+"}", 1)
+	from.WaitShardSubscribers(t, "sse:{"+channel+"}", 1)
 
 	var published []replay.Position
 	var mu sync.Mutex
@@ -151,7 +131,7 @@ func TestRedisClusterReshardLosesNothing(t *testing.T) {
 	if len(got) != n {
 		t.Fatalf("%d delivered, %d published", len(got), n)
 	}
-	waitSubscribed(t, to, "sse:{"+channel+"}", 1)
+	to.WaitShardSubscribers(t, "sse:{"+channel+"}", 1)
 	if out, _ := from.CLI("PUBSUB", "SHARDNUMSUB", "sse:{"+channel+"}"); !strings.HasSuffix(out, "0") {
 		t.Fatalf("still subscribed on the old primary: %q", out)
 	}
@@ -168,7 +148,7 @@ func TestRedisSentinelFailover(t *testing.T) {
 	sub, _ := newRedisHub(t, opts)
 	rec := newRedisRecorder()
 	defer sub.Subscribe(rec, []string{"f"}).Close()
-	waitSubscribed(t, s.Primary, "sse:{f}", 1)
+	s.Primary.WaitShardSubscribers(t, "sse:{f}", 1)
 	before := publishTo(t, pub, "f", "before")
 	rec.waitFor(t, 0, 1)
 	waitReplicated(t, s.Replica, "sse:{f}:s", 1)

@@ -36,7 +36,7 @@ func TestRedisWithoutFunctions(t *testing.T) {
 	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, Username: "nofunc", Password: "pw"})
 	rec := newRedisRecorder()
 	defer hub.Subscribe(rec, []string{"s"}).Close()
-	waitSubscribed(t, srv, broker.Key("s"), 1)
+	srv.WaitShardSubscribers(t, broker.Key("s"), 1)
 	first := publishTo(t, hub, "s", "via script")
 	script, err := os.ReadFile("redis_eval_publish.lua")
 	if err != nil {

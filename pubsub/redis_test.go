@@ -104,30 +104,13 @@ func publishTo(t *testing.T, hub *Hub, channel, data string) replay.Position {
 	return pos
 }
 
-// waitSubscribed waits until Redis has n subscribers of the channel's
-// shard channel (the watcher subscribes asynchronously).
-func waitSubscribed(t *testing.T, srv *redistest.Server, key string, n int) {
-	t.Helper()
-	deadline := time.Now().Add(redisWait)
-	for time.Now().Before(deadline) {
-		out, _ := srv.CLI("PUBSUB", "SHARDNUMSUB", key)
-		fields := strings.Fields(out)
-		if len(fields) == 2 && fields[1] == strconv.Itoa(n) {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	out, _ := srv.CLI("PUBSUB", "SHARDNUMSUB", key)
-	t.Fatalf("shard channel %s: want %d subscribers, have %q", key, n, out)
-}
-
 func TestRedisPublishReachesOtherInstance(t *testing.T) {
 	srv := redistest.Start(t)
 	a, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
 	b, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
 	rec := newRedisRecorder()
 	defer b.Subscribe(rec, []string{"orders"}).Close()
-	waitSubscribed(t, srv, broker.Key("orders"), 1)
+	srv.WaitShardSubscribers(t, broker.Key("orders"), 1)
 
 	var sent []replay.Position
 	for i := range 5 {
@@ -229,7 +212,7 @@ func TestRedisDirectPublishWithRedisCLI(t *testing.T) {
 	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
 	rec := newRedisRecorder()
 	defer hub.Subscribe(rec, []string{"wallet:7"}).Close()
-	waitSubscribed(t, srv, broker.Key("wallet:7"), 1)
+	srv.WaitShardSubscribers(t, broker.Key("wallet:7"), 1)
 
 	srv.MustCLI("FCALL", FunctionPublish, "1", "sse:{wallet:7}", "balance", "line1\r\nline2")
 	ev := rec.waitFor(t, 0, 1)[0]
@@ -260,7 +243,7 @@ func TestRedisInvalidEventsAreNotSentRaw(t *testing.T) {
 	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
 	rec := newRedisRecorder()
 	defer hub.Subscribe(rec, []string{"x"}).Close()
-	waitSubscribed(t, srv, broker.Key("x"), 1)
+	srv.WaitShardSubscribers(t, broker.Key("x"), 1)
 	p := publishTo(t, hub, "x", "good")
 	forged := fmt.Sprintf("%d:%d:%d:%d:%s%s", p.Epoch, p.Seq+1, p.Time, 9, "evil\ntype", "data")
 	srv.MustCLI("SPUBLISH", "sse:{x}", forged)
@@ -278,15 +261,15 @@ func TestRedisUnwatchUnsubscribesAndReloadsDoNotDuplicate(t *testing.T) {
 	for i := range subs {
 		subs[i] = hub.Subscribe(newRedisRecorder(), []string{"news"})
 	}
-	waitSubscribed(t, srv, key, 1) // three local subscribers, one Redis subscription
+	srv.WaitShardSubscribers(t, key, 1) // three local subscribers, one Redis subscription
 	subs[0].Close()
 	subs[1].Close()
-	waitSubscribed(t, srv, key, 1)
+	srv.WaitShardSubscribers(t, key, 1)
 	subs[2].Close()
-	waitSubscribed(t, srv, key, 0)
+	srv.WaitShardSubscribers(t, key, 0)
 	again := hub.Subscribe(newRedisRecorder(), []string{"news"})
 	defer again.Close()
-	waitSubscribed(t, srv, key, 1)
+	srv.WaitShardSubscribers(t, key, 1)
 }
 
 func TestRedisDownPublishFailsAndStreamsResume(t *testing.T) {
@@ -295,7 +278,7 @@ func TestRedisDownPublishFailsAndStreamsResume(t *testing.T) {
 		ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond, MaxRetries: -1})
 	rec := newRedisRecorder()
 	defer hub.Subscribe(rec, []string{"a"}).Close()
-	waitSubscribed(t, srv, broker.Key("a"), 1)
+	srv.WaitShardSubscribers(t, broker.Key("a"), 1)
 	publishTo(t, hub, "a", "before")
 	rec.waitFor(t, 0, 1)
 
@@ -308,7 +291,7 @@ func TestRedisDownPublishFailsAndStreamsResume(t *testing.T) {
 		t.Fatal("broker still reports Redis available")
 	}
 	srv.Restart() // an empty Redis: the history is gone
-	waitSubscribed(t, srv, broker.Key("a"), 1)
+	srv.WaitShardSubscribers(t, broker.Key("a"), 1)
 	publishTo(t, hub, "a", "after")
 	got := rec.waitFor(t, 0, 2)
 	if dataOf(got[1]) != "after" {
@@ -331,7 +314,7 @@ func TestRedisPubSubKillLosesNothing(t *testing.T) {
 	sub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
 	rec := newRedisRecorder()
 	defer sub.Subscribe(rec, []string{"steady"}).Close()
-	waitSubscribed(t, srv, broker.Key("steady"), 1)
+	srv.WaitShardSubscribers(t, broker.Key("steady"), 1)
 
 	const total = 400
 	done := make(chan struct{})
@@ -364,7 +347,7 @@ func TestRedisQuietChannelIsRepaired(t *testing.T) {
 	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: 200 * time.Millisecond})
 	rec := newRedisRecorder()
 	defer hub.Subscribe(rec, []string{"quiet"}).Close()
-	waitSubscribed(t, srv, broker.Key("quiet"), 1)
+	srv.WaitShardSubscribers(t, broker.Key("quiet"), 1)
 	first := publishTo(t, hub, "quiet", "1")
 	rec.waitFor(t, 0, 1)
 	// an event appended as the function would, but never announced: as if
@@ -383,7 +366,7 @@ func TestRedisFlushAllStartsNewEpoch(t *testing.T) {
 	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
 	rec := newRedisRecorder()
 	defer hub.Subscribe(rec, []string{"f"}).Close()
-	waitSubscribed(t, srv, broker.Key("f"), 1)
+	srv.WaitShardSubscribers(t, broker.Key("f"), 1)
 	old := publishTo(t, hub, "f", "old")
 	srv.MustCLI("FLUSHALL")
 	fresh := publishTo(t, hub, "f", "new")
@@ -406,7 +389,7 @@ func TestRedisFallbackLocal(t *testing.T) {
 		DialTimeout: 200 * time.Millisecond, ReadTimeout: 500 * time.Millisecond, MaxRetries: -1})
 	rec := newRedisRecorder()
 	defer hub.Subscribe(rec, []string{"l"}).Close()
-	waitSubscribed(t, srv, broker.Key("l"), 1)
+	srv.WaitShardSubscribers(t, broker.Key("l"), 1)
 	real := publishTo(t, hub, "l", "via redis")
 	rec.waitFor(t, 0, 1)
 	srv.Kill()

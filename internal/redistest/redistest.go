@@ -374,3 +374,36 @@ func (s *Sentinel) MasterPort(t testing.TB) int {
 	port, _ := strconv.Atoi(lines[1])
 	return port
 }
+
+// WaitShardSubscribers waits until n connections subscribe to the shard
+// channel (PUBSUB SHARDNUMSUB); the module subscribes asynchronously.
+func (s *Server) WaitShardSubscribers(t testing.TB, channel string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	var out string
+	for time.Now().Before(deadline) {
+		out, _ = s.CLI("PUBSUB", "SHARDNUMSUB", channel)
+		if f := strings.Fields(out); len(f) == 2 && f[1] == strconv.Itoa(n) {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("shard channel %s has subscribers %q, want %d", channel, out, n)
+}
+
+// SlotOf is Redis Cluster's hash slot of a channel's keys: CRC-16/XMODEM
+// of the hash tag, which is the channel.
+func SlotOf(channel string) int {
+	var crc uint16
+	for i := 0; i < len(channel); i++ {
+		crc ^= uint16(channel[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc) % 16384
+}
