@@ -2,7 +2,12 @@ package caddysse
 
 import (
 	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/caddy-sse/caddy-sse/pubsub"
 )
@@ -50,4 +55,86 @@ func BenchmarkFanoutToStreams(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/subscribers, "ns/subscriber")
+}
+
+// BenchmarkNeighbourOfSlowClient measures what a stalled client costs the
+// other subscribers of its channel (SPEC S7): publish→receive latency of a
+// reading subscriber while another one on the same channel stops reading,
+// fills its socket and queue, and is cut off as a slow client. Events of
+// 4 KB at 400/s for 5 s; the figures are reported, not asserted:
+//
+//	go test -run x -bench NeighbourOfSlowClient -benchtime 1x .
+//	SSE_TEST_WRITER=takeover go test -run x -bench NeighbourOfSlowClient -benchtime 1x .
+func BenchmarkNeighbourOfSlowClient(b *testing.B) {
+	for range b.N {
+		runNeighbourOfSlowClient(b)
+	}
+}
+
+func runNeighbourOfSlowClient(b *testing.B) {
+	srv := startCaddy(b, `
+:{PORT} {
+	metrics /metrics
+	sse /events {
+		channel a
+		principal {query.user}
+		queue 64
+		queue_bytes 512KiB
+		slow_client_timeout 2s
+		publish {
+			secret `+testSecret+`
+		}
+	}
+}
+`)
+	fast := srv.subscribe("/events?user=fast", nil)
+	fast.comment("ok")
+	_, tap := openValved(b, srv.base+"/events?user=slow", smallReceiveBuffer())
+	tap.stall()
+
+	const rate, seconds = 400, 5
+	payload := strings.Repeat("x", 4000)
+	sent := make(map[string]time.Time, rate*seconds)
+	var mu sync.Mutex
+	var latencies []time.Duration
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for len(latencies) < rate*seconds {
+			ev, ok := <-fast.events
+			if !ok {
+				return
+			}
+			mu.Lock()
+			if at, found := sent[ev.Data[:16]]; found {
+				latencies = append(latencies, time.Since(at))
+			}
+			mu.Unlock()
+		}
+	}()
+	b.ResetTimer()
+	tick := time.NewTicker(time.Second / rate)
+	for i := range rate * seconds {
+		<-tick.C
+		tag := fmt.Sprintf("%016d", i)
+		mu.Lock()
+		sent[tag] = time.Now()
+		mu.Unlock()
+		go srv.publish("/events", map[string]any{"channel": "a", "data": tag + payload})
+	}
+	tick.Stop()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		b.Fatalf("the reading subscriber got %d of %d events", len(latencies), rate*seconds)
+	}
+	b.StopTimer()
+	slices.Sort(latencies)
+	pct := func(p float64) float64 {
+		return float64(latencies[int(p*float64(len(latencies)-1))].Microseconds()) / 1000
+	}
+	b.ReportMetric(pct(0.5), "p50_ms")
+	b.ReportMetric(pct(0.99), "p99_ms")
+	b.ReportMetric(pct(1), "max_ms")
+	b.ReportMetric(metric(b, srv.scrape(), "caddy_sse_slow_client_disconnects_total"), "slow_disconnects")
 }

@@ -40,7 +40,7 @@ var requestClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: t
 const waitFor = 10 * time.Second
 
 type testServer struct {
-	t     *testing.T
+	t     testing.TB
 	port  int
 	base  string
 	base2 string // the second site, when the sites use {PORT2}
@@ -69,7 +69,7 @@ func globalOptions(extra string) string {
 
 // startCaddy loads a Caddyfile whose site blocks use {PORT} (and {PORT2}
 // for a second site) as their port, and stops it when the test ends.
-func startCaddy(t *testing.T, sites string, globals ...string) *testServer {
+func startCaddy(t testing.TB, sites string, globals ...string) *testServer {
 	t.Helper()
 	var port, port2 int
 	// a port free a moment ago may be taken meanwhile by another test

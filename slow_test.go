@@ -153,7 +153,7 @@ func (v *valve) stall()  { v.stalled.Store(true) }
 func (v *valve) resume() { v.once.Do(func() { close(v.resumed) }) }
 
 // openValved opens a stream whose reads go through a valve, over client.
-func openValved(t *testing.T, url string, client *http.Client) (*sseClient, *valve) {
+func openValved(t testing.TB, url string, client *http.Client) (*sseClient, *valve) {
 	t.Helper()
 	resp, err := client.Get(url)
 	if err != nil || resp.StatusCode != 200 {
