@@ -16,40 +16,47 @@ import (
 )
 
 // loopSet is one event loop per CPU; a stream goes to the loop with the
-// fewest streams.
+// fewest streams. The loops start with the first stream.
 type loopSet struct {
-	once  sync.Once
-	loops []*pollLoop
-	err   error
+	mu        sync.Mutex
+	loops     []*pollLoop
+	destroyed bool
 }
 
 func newLoopSet() *loopSet { return &loopSet{} }
 
 func (ls *loopSet) supported() bool { return true }
 
-func (ls *loopSet) start() error {
-	ls.once.Do(func() {
+// running returns the loops, starting them the first time; nil once the
+// set is destroyed or if they cannot start.
+func (ls *loopSet) running() []*pollLoop {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.destroyed {
+		return nil
+	}
+	if ls.loops == nil {
 		for range runtime.GOMAXPROCS(0) {
 			l, err := newPollLoop()
 			if err != nil {
-				ls.err = err
-				return
+				break
 			}
 			ls.loops = append(ls.loops, l)
 			go l.run()
 		}
-	})
-	return ls.err
+	}
+	return ls.loops
 }
 
 // adopt gives a taken-over stream to a loop; false if there is no loop to
 // take it (it then keeps a goroutine).
 func (ls *loopSet) adopt(s *stream, tcp *net.TCPConn) bool {
-	if ls.start() != nil {
+	loops := ls.running()
+	if len(loops) == 0 {
 		return false
 	}
-	l := ls.loops[0]
-	for _, other := range ls.loops[1:] {
+	l := loops[0]
+	for _, other := range loops[1:] {
 		if other.count.Load() < l.count.Load() {
 			l = other
 		}
@@ -59,7 +66,11 @@ func (ls *loopSet) adopt(s *stream, tcp *net.TCPConn) bool {
 
 // Destruct stops the loops and closes what they still hold.
 func (ls *loopSet) Destruct() error {
-	for _, l := range ls.loops {
+	ls.mu.Lock()
+	ls.destroyed = true
+	loops := ls.loops
+	ls.mu.Unlock()
+	for _, l := range loops {
 		l.shutdown()
 	}
 	return nil
