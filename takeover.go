@@ -2,6 +2,7 @@ package caddysse
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -20,10 +21,12 @@ const (
 	// writerNetHTTP keeps every stream on net/http and Caddy's response
 	// writer chain: a goroutine per stream blocked in the handler.
 	writerNetHTTP = "net_http"
-	// writerTakeover takes cleartext HTTP/1.1 connections over from
-	// net/http once the stream's headers are decided: the handler returns,
-	// and one event loop per CPU writes every taken-over stream (Linux).
-	// TLS, HTTP/2 and HTTP/3 streams stay on net/http.
+	// writerTakeover takes HTTP/1.1 connections over from net/http once
+	// the stream's headers are decided: the handler returns, and one event
+	// loop per CPU watches every taken-over stream (Linux). Cleartext
+	// streams are written by the loop itself; TLS streams by a goroutine
+	// started for each batch, since crypto/tls writes block. HTTP/2 and
+	// HTTP/3 streams stay on net/http.
 	writerTakeover = "takeover"
 )
 
@@ -41,7 +44,7 @@ const (
 // uses it and the request allows it: cleartext HTTP/1.1. It reports whether
 // it did; if not, the stream goes on on net/http.
 func (h *Handler) takeOver(w http.ResponseWriter, r *http.Request, s *stream) bool {
-	if h.loops == nil || r.ProtoMajor != 1 || r.ProtoMinor != 1 || r.TLS != nil || s.closing.Load() != nil {
+	if h.loops == nil || r.ProtoMajor != 1 || r.ProtoMinor != 1 || s.closing.Load() != nil {
 		return false
 	}
 	if strings.EqualFold(w.Header().Get("Transfer-Encoding"), "identity") {
@@ -51,18 +54,37 @@ func (h *Handler) takeOver(w http.ResponseWriter, r *http.Request, s *stream) bo
 	if err != nil {
 		return false
 	}
-	raw := rawTCPConn(conn)
-	if raw != nil {
-		// keep only the socket: Caddy's wrapper (which counts bytes for the
-		// access log) holds the whole request and its buffers
+	// keep only the connection itself: Caddy's wrapper (which counts bytes
+	// for the access log) holds the whole request and its buffers
+	if r.TLS != nil {
+		conn = h.adoptTLS(s, conn)
+	} else if raw := innerConn[*net.TCPConn](conn); raw != nil {
 		conn = raw
+		if h.loops.adopt(s, raw) {
+			conn = nil
+		}
 	}
-	if raw == nil || !h.loops.adopt(s, raw) {
+	if conn != nil {
 		cw := &connWriter{conn: conn, timeout: time.Duration(h.SlowClientTimeout)}
 		s.out = cw
 		go s.serveHijacked(cw)
 	}
 	return true
+}
+
+// adoptTLS gives a taken-over TLS stream to an event loop, which watches
+// its socket; it returns the connection if no loop could take it (nil if
+// one did).
+func (h *Handler) adoptTLS(s *stream, conn net.Conn) net.Conn {
+	tc := innerConn[*tls.Conn](conn)
+	if tc == nil {
+		return conn
+	}
+	raw := innerConn[*net.TCPConn](tc.NetConn())
+	if raw == nil || !h.loops.adoptTLS(s, tc, raw) {
+		return tc
+	}
+	return nil
 }
 
 // endConn ends a taken-over stream on the calling goroutine: its last
@@ -98,29 +120,30 @@ func (s *stream) serveHijacked(cw *connWriter) {
 
 var errClientGone = errors.New("the client closed the connection")
 
-// rawTCPConn finds the TCP connection under a hijacked one (Caddy's
-// response recorder wraps it to count bytes for the access log); nil if
-// there is none.
-func rawTCPConn(c net.Conn) *net.TCPConn {
+// innerConn finds the connection of type T in a hijacked one (Caddy's
+// response recorder wraps it to count bytes for the access log, listener
+// wrappers may too); the zero T if there is none.
+func innerConn[T net.Conn](c net.Conn) T {
+	var none T
 	for range 4 {
-		if tcp, ok := c.(*net.TCPConn); ok {
-			return tcp
+		if t, ok := c.(T); ok {
+			return t
 		}
 		v := reflect.ValueOf(c)
 		if v.Kind() != reflect.Pointer || v.Elem().Kind() != reflect.Struct {
-			return nil
+			return none
 		}
 		f := v.Elem().FieldByName("Conn")
 		if !f.IsValid() || !f.CanInterface() {
-			return nil
+			return none
 		}
 		inner, ok := f.Interface().(net.Conn)
 		if !ok {
-			return nil
+			return none
 		}
 		c = inner
 	}
-	return nil
+	return none
 }
 
 // connWriter writes a taken-over stream with blocking writes in HTTP/1.1

@@ -4,6 +4,7 @@ package caddysse
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"net"
 	"runtime"
@@ -48,12 +49,46 @@ func (ls *loopSet) running() []*pollLoop {
 	return ls.loops
 }
 
-// adopt gives a taken-over stream to a loop; false if there is no loop to
-// take it (it then keeps a goroutine).
+// adopt gives a taken-over cleartext stream to a loop; false if there is
+// no loop to take it (it then keeps a goroutine).
 func (ls *loopSet) adopt(s *stream, tcp *net.TCPConn) bool {
+	l := ls.leastBusy()
+	if l == nil {
+		return false
+	}
+	fd, err := detach(tcp)
+	if err != nil {
+		return false
+	}
+	l.adopt(s, &tconn{loop: l, fd: fd})
+	return true
+}
+
+// adoptTLS gives a taken-over TLS stream to a loop, which watches its
+// socket for the client leaving; writes go through tc on a goroutine
+// started for each batch. False if there is no loop to take it.
+//
+// The loop uses the socket's own descriptor, not a duplicate: a process
+// may open few files, and a TLS stream would otherwise take two. Go keeps
+// the descriptor open until the loop closes tc's socket (closeConn), after
+// it has removed the descriptor from its epoll set.
+func (ls *loopSet) adoptTLS(s *stream, tc *tls.Conn, tcp *net.TCPConn) bool {
+	l := ls.leastBusy()
+	if l == nil {
+		return false
+	}
+	fd, err := socketFD(tcp)
+	if err != nil {
+		return false
+	}
+	l.adopt(s, &tconn{loop: l, fd: fd, tls: tc})
+	return true
+}
+
+func (ls *loopSet) leastBusy() *pollLoop {
 	loops := ls.running()
 	if len(loops) == 0 {
-		return false
+		return nil
 	}
 	l := loops[0]
 	for _, other := range loops[1:] {
@@ -61,7 +96,7 @@ func (ls *loopSet) adopt(s *stream, tcp *net.TCPConn) bool {
 			l = other
 		}
 	}
-	return l.adopt(s, tcp)
+	return l
 }
 
 // Destruct stops the loops and closes what they still hold.
@@ -109,10 +144,14 @@ type pollLoop struct {
 
 // tconn is a taken-over stream's connection as its loop sees it.
 type tconn struct {
-	loop      *pollLoop
-	fd        int // ours alone (see detach)
-	token     uint64
-	cw        *fdWriter // the writer of its goroutine, when it needs one
+	loop  *pollLoop
+	fd    int // ours alone (see detach); a TLS stream's is its socket's
+	token uint64
+	// tls is the connection of a TLS stream: the loop only watches fd, a
+	// goroutine writes through tls (nil for cleartext streams).
+	tls       *tls.Conn
+	cw        *fdWriter   // the writer of its goroutine, when it needs one
+	tw        *connWriter // the writer of a TLS stream's goroutines
 	lw        loopWriter
 	scheduled atomic.Bool
 	busy      atomic.Bool  // a goroutine of its own has the stream
@@ -125,6 +164,7 @@ type tconn struct {
 type slowResult struct {
 	s   *stream
 	err error
+	end bool // the stream is done: end it
 }
 
 const chunkHeadroom = 16 // room for a chunk's size line
@@ -153,12 +193,10 @@ func newPollLoop() (*pollLoop, error) {
 	return l, nil
 }
 
-func (l *pollLoop) adopt(s *stream, tcp *net.TCPConn) bool {
-	fd, err := detach(tcp)
-	if err != nil {
-		return false
-	}
-	tk := &tconn{loop: l, fd: fd}
+// adopt makes the loop watch and write the stream; it ends the stream if
+// it cannot.
+func (l *pollLoop) adopt(s *stream, tk *tconn) {
+	fd := tk.fd
 	tk.lw = loopWriter{tk: tk}
 	// the loop may see the connection's events as soon as it is added:
 	// the stream must be ready for them by then
@@ -168,9 +206,9 @@ func (l *pollLoop) adopt(s *stream, tcp *net.TCPConn) bool {
 	if l.closed {
 		l.mu.Unlock()
 		s.tk.Store(nil)
-		unix.Close(fd) // the loops are stopping: so is the server
+		tk.closeConn() // the loops are stopping: so is the server
 		s.endDetached(errors.New("the server is stopping"))
-		return true
+		return
 	}
 	l.lastToken++
 	tk.token = l.lastToken
@@ -183,13 +221,23 @@ func (l *pollLoop) adopt(s *stream, tcp *net.TCPConn) bool {
 		delete(l.byToken, tk.token)
 		l.mu.Unlock()
 		l.count.Add(-1)
-		unix.Close(fd)
+		tk.closeConn()
 		s.tk.Store(nil)
 		s.endDetached(err)
-		return true
+		return
 	}
 	l.schedule(s) // whatever was queued while the stream started
-	return true
+}
+
+// closeConn closes the stream's connection: our descriptor, or a TLS
+// stream's socket (without waiting to send close_notify: the chunked body
+// has ended, or the client is gone).
+func (tk *tconn) closeConn() {
+	if tk.tls != nil {
+		_ = tk.tls.NetConn().Close()
+		return
+	}
+	unix.Close(tk.fd)
 }
 
 // detach takes the socket out of Go's hands: a duplicate of its file
@@ -211,6 +259,20 @@ func detach(tcp *net.TCPConn) (int, error) {
 	}
 	_ = tcp.Close()
 	return dup, nil
+}
+
+// socketFD is the socket's descriptor, which Go keeps open until tcp is
+// closed.
+func socketFD(tcp *net.TCPConn) (int, error) {
+	raw, err := tcp.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
+		return -1, err
+	}
+	return fd, nil
 }
 
 // schedule makes the loop service the stream soon; called by Deliver, the
@@ -377,6 +439,13 @@ func (l *pollLoop) service(s *stream) {
 		return
 	}
 	batch, overflowed := s.take()
+	if tk.tls != nil {
+		// crypto/tls writes block: every write is a goroutine's
+		if len(batch) > 0 || overflowed || s.beatDue.Load() {
+			l.slow(s, batch, overflowed)
+		}
+		return
+	}
 	if overflowed {
 		l.slow(s, batch, true)
 		return
@@ -394,6 +463,10 @@ func (l *pollLoop) service(s *stream) {
 // comment) and the end of the body, if the socket takes them at once.
 func (l *pollLoop) close(s *stream, n *closeNotice) {
 	tk := s.tk.Load()
+	if tk.tls != nil {
+		l.closeTLS(s, n)
+		return
+	}
 	if len(tk.pending) == 0 {
 		_ = s.writeClosing(n)
 		_ = tk.send([]byte("0\r\n\r\n"))
@@ -401,28 +474,63 @@ func (l *pollLoop) close(s *stream, n *closeNotice) {
 	l.end(s, nil)
 }
 
+// closeTLS writes a TLS stream's last words on a goroutine, which then
+// gives the stream back to the loop to end.
+func (l *pollLoop) closeTLS(s *stream, n *closeNotice) {
+	tk := s.tk.Load()
+	l.lend(s)
+	go func() {
+		if err := s.writeClosing(n); err == nil {
+			_ = tk.tw.end()
+		}
+		l.giveBack(slowResult{s: s, end: true})
+	}()
+}
+
 // slow gives the stream a goroutine for work that may block; the loop
 // takes it back when the goroutine is done.
 func (l *pollLoop) slow(s *stream, batch []queued, overflowed bool) {
-	tk := s.tk.Load()
-	tk.busy.Store(true)
-	l.watch(tk, 0)    // the goroutine writes with blocking writes meanwhile
-	if tk.cw == nil { // made when first needed: most streams never need it
-		tk.cw = &fdWriter{fd: tk.fd, timeout: time.Duration(s.h.SlowClientTimeout)}
-	}
-	tk.cw.framed = append(tk.cw.framed[:0], tk.pending...)
-	tk.pending = nil
-	s.out = tk.cw
+	w := l.lend(s)
 	go func() {
 		err := s.slowDrain(batch, overflowed)
 		if err == nil {
-			err = tk.cw.Flush()
+			err = w.Flush()
 		}
-		l.mu.Lock()
-		l.returned = append(l.returned, slowResult{s: s, err: err})
-		l.mu.Unlock()
-		l.wake()
+		l.giveBack(slowResult{s: s, err: err})
 	}()
+}
+
+// lend hands the stream to a goroutine with blocking writes: the loop
+// stops watching it meanwhile.
+func (l *pollLoop) lend(s *stream) streamWriter {
+	tk := s.tk.Load()
+	tk.busy.Store(true)
+	l.watch(tk, 0)
+	timeout := time.Duration(s.h.SlowClientTimeout)
+	var w streamWriter
+	if tk.tls != nil {
+		if tk.tw == nil {
+			tk.tw = &connWriter{conn: tk.tls, timeout: timeout}
+		}
+		w = tk.tw
+	} else {
+		if tk.cw == nil { // made when first needed: most streams never need it
+			tk.cw = &fdWriter{fd: tk.fd, timeout: timeout}
+		}
+		tk.cw.framed = append(tk.cw.framed[:0], tk.pending...)
+		tk.pending = nil
+		w = tk.cw
+	}
+	s.out = w
+	return w
+}
+
+// giveBack returns a stream from its goroutine to the loop.
+func (l *pollLoop) giveBack(r slowResult) {
+	l.mu.Lock()
+	l.returned = append(l.returned, r)
+	l.mu.Unlock()
+	l.wake()
 }
 
 // slowDrain is the part of a stream's work that may block on the history.
@@ -449,7 +557,7 @@ func (l *pollLoop) takeReturned() {
 		tk := r.s.tk.Load()
 		r.s.out = &tk.lw
 		tk.busy.Store(false)
-		if r.err != nil {
+		if r.err != nil || r.end {
 			l.end(r.s, r.err)
 			continue
 		}
@@ -488,7 +596,7 @@ func (l *pollLoop) end(s *stream, err error) {
 	l.mu.Lock()
 	delete(l.byToken, tk.token)
 	l.mu.Unlock()
-	unix.Close(tk.fd)
+	tk.closeConn()
 	tk.pending = nil
 	l.count.Add(-1)
 	go func() {

@@ -2,7 +2,10 @@
 
 package caddysse
 
-import "net"
+import (
+	"crypto/tls"
+	"net"
+)
 
 // loopSet has no event loops outside Linux: streams stay on net/http.
 type loopSet struct{}
@@ -12,6 +15,8 @@ func newLoopSet() *loopSet { return &loopSet{} }
 func (ls *loopSet) supported() bool { return false }
 
 func (ls *loopSet) adopt(*stream, *net.TCPConn) bool { return false }
+
+func (ls *loopSet) adoptTLS(*stream, *tls.Conn, *net.TCPConn) bool { return false }
 
 // Destruct does nothing.
 func (ls *loopSet) Destruct() error { return nil }

@@ -1,11 +1,14 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -18,7 +21,7 @@ import (
 // certificate from Caddy's internal CA, kept in a temporary storage (not
 // in $HOME, and never installed in a trust store). Caddy serves HTTP/1.1
 // and HTTP/2 over TCP and HTTP/3 over UDP on the same port.
-func tlsServer(t *testing.T) (p *caddyProc, port int) {
+func tlsServer(t *testing.T, directives ...string) (p *caddyProc, port int) {
 	t.Helper()
 	adminPort, httpPort := freePort(t, false), freePort(t, false)
 	port = freePort(t, true)
@@ -38,12 +41,13 @@ https://localhost:%d {
 	sse /events {
 		channel {query.channels}
 		close_jitter 2s
+		%s
 		publish {
 			secret %s
 		}
 	}
 }
-`, adminPort, storage, httpPort, port, port, testSecret))
+`, adminPort, storage, httpPort, port, port, strings.Join(directives, "\n\t\t"), testSecret))
 	return p, port
 }
 
@@ -98,6 +102,149 @@ func TestStopClosesHTTP2Streams(t *testing.T) {
 	began := time.Now()
 	p.signal(syscall.SIGTERM)
 	expectShutdown(t, p, streams, began)
+}
+
+// TestTLSHTTP1Streams: HTTP/1.1 streams over TLS (which the takeover writer
+// takes over too, writing through crypto/tls from goroutines) get every
+// event in order, a client that leaves is released, and on SIGTERM the
+// others are told server_closing and the process exits promptly.
+func TestTLSHTTP1Streams(t *testing.T) {
+	p, port := tlsServer(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	var dialer net.Dialer
+	tr := &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true, ServerName: "localhost"},
+		TLSNextProto:    map[string]func(string, *tls.Conn) http.RoundTripper{}, // HTTP/1.1 only
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return dialer.DialContext(ctx, network, addr)
+		},
+	}
+	t.Cleanup(tr.CloseIdleConnections)
+	client := &http.Client{Transport: tr}
+	base := fmt.Sprintf("https://localhost:%d/events", port)
+
+	leaving := openTLSStream(t, client, base+"?channels=news", 1)
+	streams := []*sseConn{
+		openTLSStream(t, client, base+"?channels=news", 1),
+		openTLSStream(t, client, base+"?channels=news", 1),
+	}
+	waitOpenStreams(t, p, 3)
+	leaving.close()
+	waitOpenStreams(t, p, 2)
+
+	var want []string
+	for i := range 50 {
+		want = append(want, fmt.Sprintf("over-tls-%d", i))
+		publish(t, client, base, testSecret, "news", want[i])
+	}
+	deadline := time.Now().Add(waitFor)
+	forAll(t, streams, func(_ int, c *sseConn) error { return c.expectData(deadline, want...) })
+
+	began := time.Now()
+	p.signal(syscall.SIGTERM)
+	expectShutdown(t, p, streams, began)
+}
+
+// TestTLSHTTP1SlowClient: a TLS HTTP/1.1 client that stops reading (small
+// receive buffer) while large events are published is cut off after the
+// slow-client timeout and throttled; a stream beside it on the same channel
+// gets every event, in order.
+func TestTLSHTTP1SlowClient(t *testing.T) {
+	p, port := tlsServer(t, "slow_client_timeout 1s", "throttle 30s")
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	tlsConfig := &tls.Config{InsecureSkipVerify: true, ServerName: "localhost", NextProtos: []string{"http/1.1"}}
+	var dialer net.Dialer
+	tr := &http.Transport{
+		TLSClientConfig: tlsConfig,
+		TLSNextProto:    map[string]func(string, *tls.Conn) http.RoundTripper{},
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return dialer.DialContext(ctx, network, addr)
+		},
+	}
+	t.Cleanup(tr.CloseIdleConnections)
+	client := &http.Client{Transport: tr}
+	base := fmt.Sprintf("https://localhost:%d/events", port)
+	healthy := openTLSStream(t, client, base+"?channels=news", 1)
+
+	stalled := openStalledTLSStream(t, addr, tlsConfig, "/events?channels=news")
+	waitOpenStreams(t, p, 2)
+	payload := strings.Repeat("x", 8<<10)
+	deadline := time.Now().Add(2 * waitFor)
+	published := 0
+	for open := 2; open == 2; open, _ = openStreamCount(p.adminAddr) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the stalled client was not cut off after %d events", published)
+		}
+		// the healthy stream reads each event as it comes, in order
+		want := fmt.Sprintf("%d-%s", published, payload)
+		publish(t, client, base, testSecret, "news", want)
+		published++
+		if err := healthy.expectData(deadline, want); err != nil {
+			t.Fatalf("the healthy stream, event %d: %.200v", published, err)
+		}
+	}
+	_ = stalled.Close()
+	// throttled: the same client (no principal: the address) is refused
+	resp, err := client.Get(base + "?channels=news")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("reconnect after being cut off: status %d, Retry-After %q; want 429 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+}
+
+// openStalledTLSStream opens a stream with a 4 KiB receive buffer, reads
+// its response head and then nothing more.
+func openStalledTLSStream(t *testing.T, addr string, config *tls.Config, path string) net.Conn {
+	t.Helper()
+	dialer := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		return c.Control(func(fd uintptr) {
+			_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+		})
+	}}
+	conn, err := tls.DialWithDialer(&dialer, "tcp", addr, config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	_ = conn.SetDeadline(time.Now().Add(waitFor))
+	fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: localhost\r\nAccept: text/event-stream\r\n\r\n", path)
+	head, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil || !strings.Contains(head, " 200 ") {
+		t.Fatalf("stalled stream: %q, %v", head, err)
+	}
+	return conn
+}
+
+// waitOpenStreams waits until the admin API counts n open streams.
+func waitOpenStreams(t *testing.T, p *caddyProc, n int) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for {
+		open, err := openStreamCount(p.adminAddr)
+		if err == nil && open == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("open streams: %d (%v), want %d", open, err, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func openStreamCount(adminAddr string) (int, error) {
+	resp, err := http.Get("http://" + adminAddr + "/sse/stats")
+	if err != nil {
+		return -1, err
+	}
+	defer resp.Body.Close()
+	var stats struct {
+		OpenStreams int `json:"open_streams"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&stats)
+	return stats.OpenStreams, err
 }
 
 // TestStopClosesHTTP3Streams: the same over HTTP/3 (QUIC on the same port).
