@@ -185,11 +185,11 @@ type Handler struct {
 
 	// Writer chooses how streams are written. "net_http" (the default)
 	// keeps each stream on net/http and Caddy's response pipeline, with a
-	// goroutine per stream. "takeover" takes cleartext HTTP/1.1 connections
-	// over once a stream's headers are decided and writes them from one
-	// event loop per CPU (Linux; elsewhere it is net_http): an idle stream
-	// then costs a few KiB instead of tens, and fan-out far less CPU. TLS,
-	// HTTP/2 and HTTP/3 streams stay on net/http. A taken-over stream has
+	// goroutine per stream. "takeover" takes HTTP/1.1 connections (cleartext
+	// and TLS) over once a stream's headers are decided and watches them
+	// from one event loop per CPU (Linux; elsewhere it is net_http): an
+	// idle stream then costs a few KiB instead of tens, and fan-out far less
+	// CPU. HTTP/2 and HTTP/3 streams stay on net/http. A taken-over stream has
 	// left Caddy's response pipeline: the access log records the hand-off
 	// (its duration and the bytes written until then), and response
 	// handlers after this one do not see it.
