@@ -3,7 +3,11 @@
 # (./cmd/ssebench), lets the tool start the server (-spawn) on
 # cmd/ssebench/testdata/Caddyfile and stop it at the end (by its pid), prints a
 # summary and appends one JSON line per run to $(BENCH_OUT). Loopback only.
-# Run one at a time: the server and the load share the box.
+# Run one at a time: the server and the load share the box. The bench-redis-*
+# targets and bench-scaleout also start a private redis-server (-spawn-redis,
+# a free port, never 6379) and run Caddy on cmd/ssebench/testdata/Caddyfile.redis.
+# SSEBENCH_WRITER (net_http or takeover), in the environment or on the make
+# command line, reaches the servers (the Caddyfiles read it).
 
 GO            ?= go
 BENCH_CADDY   ?= /tmp/bench-caddy
@@ -19,10 +23,22 @@ BENCH_TLS_URL ?= https://127.0.0.1:9443/events
 BENCH_CONNS   ?= 10000
 BENCH_FLAGS   ?=
 BENCH_QUIET   ?= -quiet-wait 5m
+BENCH_REDIS_CONFIG ?= cmd/ssebench/testdata/Caddyfile.redis
+BENCH_REDIS_SERVER ?= redis-server
+BENCH_SCALEOUT_CONNS ?= 45000
+BENCH_SCALEOUT_URLS  ?= http://127.0.0.1:9080/events,http://127.0.0.1:9180/events,http://127.0.0.1:9280/events
 
 SSEBENCH = $(BENCH_TOOL)
 SPAWN    = -spawn "$(BENCH_CADDY) run --config $(BENCH_CONFIG)" -admin $(BENCH_ADMIN) -out $(BENCH_OUT) $(BENCH_QUIET) $(BENCH_FLAGS)
 SPAWN_TLS = -spawn "$(BENCH_CADDY) run --config $(BENCH_TLS_CONFIG)" -admin $(BENCH_ADMIN) -out $(BENCH_OUT) $(BENCH_QUIET) $(BENCH_FLAGS)
+# one Caddy on a spawned Redis
+SPAWN_REDIS = -spawn-redis $(BENCH_REDIS_SERVER) -spawn "$(BENCH_CADDY) run --config $(BENCH_REDIS_CONFIG)" -admin $(BENCH_ADMIN) -out $(BENCH_OUT) $(BENCH_QUIET) $(BENCH_FLAGS)
+# three Caddy processes on one spawned Redis (ports 9080/9081 admin 9019, 9180/9181 admin 9119, 9280/9281 admin 9219)
+SPAWN_SCALEOUT = -spawn-redis $(BENCH_REDIS_SERVER) \
+	-spawn "SSEBENCH_PORT=9080 SSEBENCH_PORT2=9081 SSEBENCH_ADMIN=9019 $(BENCH_CADDY) run --config $(BENCH_REDIS_CONFIG)" \
+	-spawn "SSEBENCH_PORT=9180 SSEBENCH_PORT2=9181 SSEBENCH_ADMIN=9119 $(BENCH_CADDY) run --config $(BENCH_REDIS_CONFIG)" \
+	-spawn "SSEBENCH_PORT=9280 SSEBENCH_PORT2=9281 SSEBENCH_ADMIN=9219 $(BENCH_CADDY) run --config $(BENCH_REDIS_CONFIG)" \
+	-admin 127.0.0.1:9019,127.0.0.1:9119,127.0.0.1:9219 -out $(BENCH_OUT) $(BENCH_QUIET) $(BENCH_FLAGS)
 
 ## test: the whole suite with the race detector, then the in-process and
 ## built-binary tests again with the takeover writer (every test passes with
@@ -34,7 +50,8 @@ test:
 
 .PHONY: bench bench-build bench-idle bench-fanout bench-fanout20 bench-fanout30 bench-spread bench-ramp bench-churn \
 	bench-reconnect bench-scaleout bench-idle-tls bench-idle-h2 bench-floor bench-profile-fanout bench-profile-fanout20 \
-	bench-profile-idle bench-profile-churn
+	bench-profile-idle bench-profile-churn bench-redis bench-redis-idle bench-redis-fanout bench-redis-fanout20 \
+	bench-redis-spread bench-redis-reconnect bench-redis-fanout-direct
 
 ## bench: every scenario of the performance issue (about 8 minutes on a quiet machine)
 bench: bench-idle bench-fanout bench-fanout20 bench-fanout30 bench-spread bench-ramp bench-churn bench-reconnect bench-scaleout
@@ -77,9 +94,33 @@ bench-churn: bench-build
 bench-reconnect: bench-build
 	$(SSEBENCH) reconnect -url $(BENCH_URL) -conns $(BENCH_CONNS) -events 100 -rate 20 -config $(BENCH_CONFIG) -close-jitter 5s $(SPAWN)
 
-## scaleout: fanout over two URLs (two ports of one process until Redis lands)
+## scaleout: three Caddy processes sharing one Redis, 15k subscribers each (45k streams of one channel, opened by
+## three subscriber processes: one process may open at most 20k files), 5 events/s published to the first for 30 s
 bench-scaleout: bench-build
-	$(SSEBENCH) scaleout -url $(BENCH_URL),$(BENCH_URL2) -conns $(BENCH_CONNS) -rate 5 -duration 30s $(SPAWN)
+	$(SSEBENCH) scaleout -url $(BENCH_SCALEOUT_URLS) -conns $(BENCH_SCALEOUT_CONNS) -procs 3 -rate 5 -duration 30s -ramp-timeout 3m $(SPAWN_SCALEOUT)
+
+## redis: the scenarios above with one Caddy on a spawned Redis (Caddyfile.redis), and bench-scaleout
+bench-redis: bench-redis-idle bench-redis-fanout bench-redis-fanout20 bench-redis-spread bench-redis-reconnect bench-scaleout
+
+bench-redis-idle: bench-build
+	$(SSEBENCH) idle -url $(BENCH_URL) -conns $(BENCH_CONNS) -channels 1000 $(SPAWN_REDIS)
+
+bench-redis-fanout: bench-build
+	$(SSEBENCH) fanout -url $(BENCH_URL) -conns $(BENCH_CONNS) -rate 5 -duration 30s $(SPAWN_REDIS)
+
+bench-redis-fanout20: bench-build
+	$(SSEBENCH) fanout -url $(BENCH_URL) -conns $(BENCH_CONNS) -rate 20 -duration 30s -drain 60s -ordered=false -publishers 16 $(SPAWN_REDIS)
+
+bench-redis-spread: bench-build
+	$(SSEBENCH) spread -url $(BENCH_URL) -conns $(BENCH_CONNS) -channels 1000 -rate 500 -duration 30s $(SPAWN_REDIS)
+
+bench-redis-reconnect: bench-build
+	$(SSEBENCH) reconnect -url $(BENCH_URL) -conns $(BENCH_CONNS) -events 100 -rate 20 -config $(BENCH_REDIS_CONFIG) -close-jitter 5s $(SPAWN_REDIS)
+
+## redis-fanout-direct: bench-redis-fanout with the events published straight into Redis (FCALL sse_publish_v1, as a
+## backend would) instead of through Caddy's HTTP endpoint
+bench-redis-fanout-direct: bench-build
+	$(SSEBENCH) fanout -url $(BENCH_URL) -conns $(BENCH_CONNS) -rate 5 -duration 30s -publish-redis spawned $(SPAWN_REDIS)
 
 ## idle-tls / idle-h2: idle memory of TLS HTTP/1.1 and HTTP/2 streams (goroutine engine)
 bench-idle-tls: bench-build

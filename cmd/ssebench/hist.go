@@ -1,6 +1,8 @@
 package main
 
 import (
+	"encoding/json"
+	"fmt"
 	"math"
 	"math/bits"
 )
@@ -140,4 +142,45 @@ func (h *histogram) Summary() *latencySummary {
 		MaxMs:  ms(h.max),
 		MeanMs: ms(int64(h.Mean())),
 	}
+}
+
+// histWire is a histogram on the wire (a subscriber worker's report to the
+// parent): the non-empty buckets as [index, count] pairs, so that the
+// parent merges exactly what the worker recorded.
+type histWire struct {
+	N       uint64      `json:"n"`
+	Sum     float64     `json:"sum"`
+	Min     int64       `json:"min"`
+	Max     int64       `json:"max"`
+	Buckets [][2]uint64 `json:"b,omitempty"`
+}
+
+func (h *histogram) MarshalJSON() ([]byte, error) {
+	w := histWire{N: h.n, Sum: h.sum, Min: h.min, Max: h.max}
+	for i, c := range h.counts {
+		if c != 0 {
+			w.Buckets = append(w.Buckets, [2]uint64{uint64(i), c})
+		}
+	}
+	return json.Marshal(w)
+}
+
+func (h *histogram) UnmarshalJSON(b []byte) error {
+	var w histWire
+	if err := json.Unmarshal(b, &w); err != nil {
+		return err
+	}
+	*h = histogram{n: w.N, sum: w.Sum, min: w.Min, max: w.Max}
+	var total uint64
+	for _, bc := range w.Buckets {
+		if bc[0] >= histBuckets {
+			return fmt.Errorf("histogram: bucket %d out of range", bc[0])
+		}
+		h.counts[bc[0]] += bc[1]
+		total += bc[1]
+	}
+	if total != w.N {
+		return fmt.Errorf("histogram: buckets hold %d values, n is %d", total, w.N)
+	}
+	return nil
 }

@@ -1,15 +1,17 @@
 // Command ssebench is a load generator for the caddy-sse handler (or any
 // Server-Sent Events server with the same publish endpoint). It opens many
 // SSE streams to loopback targets, publishes timestamped events through the
-// HTTP publish endpoint and reports deliveries/s, publish→receive latency,
-// lost and duplicated events, the connection rate, and the server's memory
-// and CPU from /proc.
+// HTTP publish endpoint (or straight into Redis, -publish-redis) and reports
+// deliveries/s, publish→receive latency, lost and duplicated events, the
+// connection rate, and the servers' (and a spawned Redis') memory and CPU
+// from /proc.
 //
 //	ssebench <scenario> [flags]
 //
 // Scenarios: idle, fanout, spread, churn, reconnect, scaleout.
 // `ssebench floor-server` is a bare reference server for the machine's
-// floor (one write per delivery, nothing else). Run
+// floor (one write per delivery, nothing else). `ssebench subscribe-worker`
+// is the hidden child of -procs (it holds a share of the streams). Run
 // `ssebench -h` for the flags, and see docs/PERFORMANCE.md and the Makefile
 // for the commands behind the published figures.
 //
@@ -20,6 +22,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -78,12 +81,22 @@ type config struct {
 	quietCores     float64
 
 	pid        int
-	spawn      string
+	spawns     []string // -spawn, once per server
 	spawnLog   string
 	spawnWait  time.Duration
-	admin      string
+	admin      string   // the first -admin: reloads and profiles
+	admins     []string // every -admin: goroutines and memstats are summed
 	configPath string
 	reloadCmd  string
+
+	spawnRedis   string // redis-server binary to start privately
+	redisPort    int
+	publishRedis string // a redis:// URL, or "spawned"
+	redisPrefix  string
+	redisHistory int
+
+	procs  int // subscriber processes (fanout, spread, scaleout)
+	idBase int // subscribe-worker: the first client id
 
 	serverCPUProfile  string
 	serverHeapProfile string
@@ -140,10 +153,22 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.idleHold, "idle-hold", 0, "idle: keep the streams open this long after measuring (to profile by hand)")
 
 	fs.IntVar(&c.pid, "pid", 0, "server pid (default: the spawned server, or the process listening on the first URL's port)")
-	fs.StringVar(&c.spawn, "spawn", "", `start the server with this command line (split on spaces), e.g. "/tmp/bench-caddy run --config cmd/ssebench/testdata/Caddyfile"; stopped (SIGTERM, then SIGKILL) at the end`)
-	fs.StringVar(&c.spawnLog, "spawn-log", "", "the spawned server's output (default: a file in the temp dir)")
-	fs.DurationVar(&c.spawnWait, "spawn-wait", 30*time.Second, "time limit for the spawned server to listen")
-	fs.StringVar(&c.admin, "admin", "", "Caddy admin address (host:port) for reloads and pprof")
+	fs.Func("spawn", `start a server with this command line (split on spaces; leading NAME=value words are added to its environment), e.g. "/tmp/bench-caddy run --config cmd/ssebench/testdata/Caddyfile"; repeat for several servers (their RSS and CPU are summed, and reported per process); stopped (SIGTERM, then SIGKILL) at the end`, func(s string) error {
+		if strings.TrimSpace(s) == "" {
+			return errors.New("empty command line")
+		}
+		c.spawns = append(c.spawns, s)
+		return nil
+	})
+	fs.StringVar(&c.spawnLog, "spawn-log", "", "the spawned server's output (default: a file in the temp dir; with several servers, the 2nd one's gets a .1 suffix and so on)")
+	fs.DurationVar(&c.spawnWait, "spawn-wait", 30*time.Second, "time limit for the spawned servers (and Redis) to listen")
+	fs.StringVar(&c.admin, "admin", "", "Caddy admin address (host:port) for reloads and pprof; comma-separated for several servers (the first one is reloaded and profiled, goroutines and memstats are summed over all)")
+	fs.StringVar(&c.spawnRedis, "spawn-redis", "", "start a private Redis with this redis-server binary (a name is looked up in PATH) on a free 127.0.0.1 port, no persistence; its URL is given to the spawned servers in SSEBENCH_REDIS, its RSS and CPU are reported; stopped at the end")
+	fs.IntVar(&c.redisPort, "redis-port", 0, "-spawn-redis: port (default: a free one; never 6379)")
+	fs.StringVar(&c.publishRedis, "publish-redis", "", `publish straight into Redis with the module's function (FCALL sse_publish_v1, as a backend would) instead of the HTTP endpoint: a redis:// URL on loopback, or "spawned" for the -spawn-redis one`)
+	fs.StringVar(&c.redisPrefix, "redis-prefix", "sse:", "-publish-redis: the module's key prefix")
+	fs.IntVar(&c.redisHistory, "redis-history", 1000, "-publish-redis: events kept per channel (the Caddyfile's history)")
+	fs.IntVar(&c.procs, "procs", 0, "fanout, spread, scaleout: open the streams from this many child processes (each holds its share; process i uses URL i mod the URL count) while this one only publishes and merges; for more streams than one process may open files")
 	fs.StringVar(&c.configPath, "config", "", "reconnect: config POSTed to the admin /load (a Caddyfile, or JSON if it ends in .json)")
 	fs.StringVar(&c.reloadCmd, "reload-cmd", "", "reconnect: run this command line instead of POSTing to /load")
 
@@ -179,15 +204,30 @@ func parseArgs(args []string) (*config, error) {
 	}
 	c.set = map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { c.set[f.Name] = true })
+	c.splitLists()
+	if err := c.defaults(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// splitLists splits the comma-separated -url and -admin.
+func (c *config) splitLists() {
+	c.urls, c.admins = nil, nil
 	for _, u := range strings.Split(*c.urlsFlag, ",") {
 		if u = strings.TrimSpace(u); u != "" {
 			c.urls = append(c.urls, u)
 		}
 	}
-	if err := c.defaults(); err != nil {
-		return nil, err
+	for _, a := range strings.Split(c.admin, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			c.admins = append(c.admins, a)
+		}
 	}
-	return c, nil
+	c.admin = ""
+	if len(c.admins) > 0 {
+		c.admin = c.admins[0]
+	}
 }
 
 // defaults fills in per-scenario defaults and checks the flags.
@@ -245,6 +285,18 @@ func (c *config) defaults() error {
 		return fmt.Errorf("churn needs -conn-rate, -hold and -duration > 0")
 	case (c.scenario == "fanout" || c.scenario == "spread" || c.scenario == "scaleout") && (c.rate <= 0 || c.duration <= 0):
 		return fmt.Errorf("-rate and -duration must be > 0")
+	case c.procs < 0 || (c.procs > 0 && c.scenario != "fanout" && c.scenario != "spread" && c.scenario != "scaleout"):
+		return fmt.Errorf("-procs %d: only fanout, spread and scaleout open their streams from child processes", c.procs)
+	case c.procs > 0 && c.conns < c.procs:
+		return fmt.Errorf("-procs %d: fewer -conns (%d) than processes", c.procs, c.conns)
+	case c.redisPort != 0 && (c.spawnRedis == "" || c.redisPort < 1 || c.redisPort > 65535 || c.redisPort == 6379):
+		return fmt.Errorf("-redis-port %d: needs -spawn-redis, and never 6379 (not ours)", c.redisPort)
+	case c.publishRedis == "spawned" && c.spawnRedis == "":
+		return fmt.Errorf("-publish-redis spawned needs -spawn-redis")
+	case c.publishRedis != "" && c.publishURL != "":
+		return fmt.Errorf("-publish-redis and -publish-url exclude each other")
+	case c.publishRedis != "" && (c.redisHistory < 1 || c.redisPrefix == ""):
+		return fmt.Errorf("-publish-redis needs -redis-history ≥ 1 and a -redis-prefix")
 	}
 	return nil
 }
@@ -261,6 +313,9 @@ func main() {
 func run(args []string) int {
 	if len(args) > 0 && args[0] == "floor-server" {
 		return runFloorServer(args[1:])
+	}
+	if len(args) > 0 && args[0] == workerCommand {
+		return runWorker(args[1:])
 	}
 	cfg, err := parseArgs(args)
 	if err != nil {

@@ -119,13 +119,25 @@ func parseKB(v string) (int64, error) {
 	return n, nil
 }
 
-// procSample is one reading of a process.
+// procSample is one reading of a process (or the sum over several
+// servers, each in per), with the spawned Redis if any.
 type procSample struct {
 	rssKiB  int64
 	hwmKiB  int64
 	cpuSec  float64
 	threads int64
 	fds     int
+
+	per   []procSample // several servers: each one
+	redis *procSample  // the spawned redis-server
+}
+
+// redisCPU is the spawned Redis' CPU seconds (0 without one).
+func (s procSample) redisCPU() float64 {
+	if s.redis == nil {
+		return 0
+	}
+	return s.redis.cpuSec
 }
 
 // readProc reads a process's RSS, CPU time, threads and open files.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"math"
 	"math/rand/v2"
@@ -300,5 +301,105 @@ func TestProcLive(t *testing.T) {
 	}
 	if _, err := findListenerPID(port); err == nil || !strings.Contains(err.Error(), "no readable process") {
 		t.Fatalf("findListenerPID skips this process: %v", err)
+	}
+}
+
+// TestHistogramJSON checks that a histogram survives the wire (a worker's
+// report) exactly, so merged percentiles are those of one histogram.
+func TestHistogramJSON(t *testing.T) {
+	var a, b, all histogram
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range 20000 {
+		v := int64(rng.ExpFloat64() * 5e6)
+		if i%2 == 0 {
+			a.Record(v)
+		} else {
+			b.Record(v)
+		}
+		all.Record(v)
+	}
+	var merged histogram
+	for _, h := range []*histogram{&a, &b, {}} {
+		j, err := json.Marshal(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back histogram
+		if err := json.Unmarshal(j, &back); err != nil {
+			t.Fatal(err)
+		}
+		if back != *h {
+			t.Fatalf("round trip changed the histogram (%s)", j[:min(len(j), 80)])
+		}
+		merged.Merge(&back)
+	}
+	if merged.counts != all.counts || merged.n != all.n || merged.min != all.min || merged.max != all.max {
+		t.Fatal("merged histogram differs from the one of every value")
+	}
+	for _, q := range []float64{0.5, 0.99, 0.999} {
+		if merged.Quantile(q) != all.Quantile(q) {
+			t.Fatalf("q%v: %d != %d", q, merged.Quantile(q), all.Quantile(q))
+		}
+	}
+	var h histogram
+	for _, bad := range []string{`{"n":1,"b":[[99999999,1]]}`, `{"n":2,"b":[[1,1]]}`} {
+		if err := json.Unmarshal([]byte(bad), &h); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+}
+
+func TestSplitSpawn(t *testing.T) {
+	env, args := splitSpawn("SSEBENCH_PORT=9180 SSEBENCH_ADMIN=9119  /tmp/bench-caddy run --config a=b")
+	if !slices.Equal(env, []string{"SSEBENCH_PORT=9180", "SSEBENCH_ADMIN=9119"}) || !slices.Equal(args, []string{"/tmp/bench-caddy", "run", "--config", "a=b"}) {
+		t.Fatalf("env %q args %q", env, args)
+	}
+	env, args = splitSpawn("/tmp/bench-caddy run")
+	if len(env) != 0 || len(args) != 2 {
+		t.Fatalf("env %q args %q", env, args)
+	}
+}
+
+// TestCountWire checks the parent's loss count over workers' tallies
+// against countDelivered over the same clients.
+func TestCountWire(t *testing.T) {
+	k := newCore(engineOpts{}, 1)
+	tgt := &target{raw: "http://127.0.0.1/x", url: mustURL(t, "http://127.0.0.1/x")}
+	var clients []*client
+	for i := range 30 {
+		c := newClient(i, tgt, []int64{int64(i % 3), int64((i + 1) % 3)}, []string{"a", "b"}, false, 0, k.shards[0])
+		c.uniq[0].Store(int64(i % 5))
+		c.uniq[1].Store(int64(i % 7))
+		clients = append(clients, c)
+	}
+	ok := []int64{4, 5, 6}
+	want := countDelivered(clients, ok)
+	got := countWire([]*workerTally{workerTallyOf(clients[:10], 3, k), workerTallyOf(clients[10:], 3, k)}, ok)
+	want.complete = 0
+	if got != want {
+		t.Fatalf("countWire %+v, countDelivered %+v", got, want)
+	}
+}
+
+func TestParseArgsRedisProcs(t *testing.T) {
+	cfg, err := parseArgs([]string{"scaleout", "-url", "http://127.0.0.1:1/e,http://127.0.0.1:2/e", "-procs", "3", "-conns", "30",
+		"-spawn", "A=1 x", "-spawn", "A=2 x", "-admin", "127.0.0.1:3, 127.0.0.1:4", "-spawn-redis", "redis-server", "-publish-redis", "spawned"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.spawns) != 2 || cfg.admin != "127.0.0.1:3" || !slices.Equal(cfg.admins, []string{"127.0.0.1:3", "127.0.0.1:4"}) || cfg.procs != 3 {
+		t.Fatalf("%+v", cfg)
+	}
+	for _, args := range [][]string{
+		{"idle", "-procs", "2"},
+		{"fanout", "-procs", "5", "-conns", "4"},
+		{"fanout", "-spawn-redis", "redis-server", "-redis-port", "6379"},
+		{"fanout", "-redis-port", "7000"},
+		{"fanout", "-publish-redis", "spawned"},
+		{"fanout", "-spawn", ""},
+	} {
+		if _, err := parseArgs(append(args, "-q")); err == nil {
+			t.Errorf("parseArgs(%q) accepted", args)
+		}
 	}
 }

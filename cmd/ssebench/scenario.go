@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"net/http"
 	"net/netip"
 
@@ -21,6 +20,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // result is the JSON line of a run.
@@ -40,11 +41,13 @@ type result struct {
 	Rate      float64           `json:"rate,omitempty"`
 	DurationS float64           `json:"duration_s,omitempty"`
 	Workers   int               `json:"workers,omitempty"`
+	Procs     int               `json:"procs,omitempty"`
 	LoadStart string            `json:"loadavg_start"`
 	LoadEnd   string            `json:"loadavg_end"`
 	ElapsedS  float64           `json:"elapsed_s"`
 	Ramp      *rampSummary      `json:"ramp,omitempty"`
 	Server    *serverSummary    `json:"server,omitempty"`
+	Redis     *redisSummary     `json:"redis,omitempty"`
 	Client    *clientSummary    `json:"client,omitempty"`
 	Delivery  *deliverySummary  `json:"delivery,omitempty"`
 	Latency   *latencySummary   `json:"latency,omitempty"`
@@ -63,6 +66,7 @@ type boxSummary struct {
 	Seconds     float64 `json:"seconds"`
 	BusyCores   float64 `json:"busy_cores"`
 	ServerCores float64 `json:"server_cores"`
+	RedisCores  float64 `json:"redis_cores,omitempty"`
 	ClientCores float64 `json:"client_cores"`
 	OtherCores  float64 `json:"other_cores"`
 	Cores       int     `json:"cores"`
@@ -72,7 +76,7 @@ type boxSummary struct {
 func (r *runner) boxWindow() (end func()) {
 	busy0, ok := machineBusy()
 	srv0, _ := r.sample()
-	self0 := selfCPU()
+	self0 := r.clientCPU()
 	t0 := time.Now()
 	return func() {
 		busy1, ok1 := machineBusy()
@@ -88,10 +92,11 @@ func (r *runner) boxWindow() (end func()) {
 			Seconds:     round3(secs),
 			BusyCores:   round3((busy1 - busy0) / secs),
 			ServerCores: round3((srv1.cpuSec - srv0.cpuSec) / secs),
-			ClientCores: round3((selfCPU() - self0) / secs),
+			RedisCores:  round3((srv1.redisCPU() - srv0.redisCPU()) / secs),
+			ClientCores: round3((r.clientCPU() - self0) / secs),
 			Cores:       runtime.NumCPU(),
 		}
-		b.OtherCores = round3(max(0, b.BusyCores-b.ServerCores-b.ClientCores))
+		b.OtherCores = round3(max(0, b.BusyCores-b.ServerCores-b.RedisCores-b.ClientCores))
 		r.res.Box = b
 		if b.OtherCores > r.cfg.quietCores {
 			r.note(fmt.Sprintf("contended: other processes used %.2f cores during the measurement", b.OtherCores))
@@ -110,14 +115,14 @@ func (r *runner) waitQuiet() {
 	for {
 		busy0, ok := machineBusy()
 		srv0, _ := r.sample()
-		self0 := selfCPU()
+		self0 := r.clientCPU()
 		time.Sleep(2 * time.Second)
 		busy1, ok1 := machineBusy()
 		srv1, _ := r.sample()
 		if !ok || !ok1 {
 			return
 		}
-		others := (busy1 - busy0 - (srv1.cpuSec - srv0.cpuSec) - (selfCPU() - self0)) / 2
+		others := (busy1 - busy0 - (srv1.cpuSec - srv0.cpuSec) - (srv1.redisCPU() - srv0.redisCPU()) - (r.clientCPU() - self0)) / 2
 		if others < r.cfg.quietCores {
 			return
 		}
@@ -147,6 +152,7 @@ type rampSummary struct {
 
 type serverSummary struct {
 	PID              int     `json:"pid"`
+	PIDs             []int   `json:"pids,omitempty"` // several servers: the figures below are sums
 	RSSBaseKiB       int64   `json:"rss_base_kib"`
 	RSSKiB           int64   `json:"rss_kib"`
 	HWMKiB           int64   `json:"rss_peak_kib"`
@@ -160,6 +166,28 @@ type serverSummary struct {
 	Goroutines       int     `json:"goroutines,omitempty"`
 	// MemStats is the Go runtime's view (admin /debug/vars), in KiB.
 	MemStats *memStats `json:"memstats_kib,omitempty"`
+	// Processes are the servers one by one, when there are several.
+	Processes []procSummary `json:"processes,omitempty"`
+}
+
+// procSummary is one process: a server, the Redis, or a subscriber worker.
+type procSummary struct {
+	PID        int     `json:"pid"`
+	URL        string  `json:"url,omitempty"`
+	Conns      int     `json:"conns,omitempty"`
+	RSSBaseKiB int64   `json:"rss_base_kib,omitempty"`
+	RSSKiB     int64   `json:"rss_kib"`
+	HWMKiB     int64   `json:"rss_peak_kib"`
+	CPUSeconds float64 `json:"cpu_s"`
+	CPUCores   float64 `json:"cpu_cores,omitempty"`
+	Threads    int64   `json:"threads,omitempty"`
+	FDs        int     `json:"fds,omitempty"`
+}
+
+// redisSummary is the spawned redis-server over the measured window.
+type redisSummary struct {
+	URL string `json:"url"`
+	procSummary
 }
 
 // memStats is the part of runtime.MemStats that explains an RSS, in KiB.
@@ -177,14 +205,36 @@ type memStats struct {
 	PerConnHeap  float64 `json:"heap_inuse_per_conn,omitempty"`
 }
 
-// serverMemStats reads runtime.MemStats from the admin's /debug/vars.
+// serverMemStats reads runtime.MemStats from the admin's /debug/vars, summed
+// over every -admin (nil if one does not answer).
 func (r *runner) serverMemStats() *memStats {
-	if r.cfg.admin == "" {
-		return nil
+	var sum *memStats
+	for _, a := range r.cfg.admins {
+		m := adminMemStats(a)
+		if m == nil {
+			return nil
+		}
+		if sum == nil {
+			sum = m
+			continue
+		}
+		sum.HeapAlloc += m.HeapAlloc
+		sum.HeapInuse += m.HeapInuse
+		sum.HeapIdle += m.HeapIdle
+		sum.StackInuse += m.StackInuse
+		sum.MSpanInuse += m.MSpanInuse
+		sum.GCSys += m.GCSys
+		sum.OtherSys += m.OtherSys
+		sum.Sys += m.Sys
+		sum.NumGC += m.NumGC
 	}
+	return sum
+}
+
+func adminMemStats(admin string) *memStats {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+r.cfg.admin+"/debug/vars", nil)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+admin+"/debug/vars", nil)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return nil
@@ -214,6 +264,9 @@ type clientSummary struct {
 	CPUPerDeliveryUs float64 `json:"cpu_per_delivery_us,omitempty"`
 	RSSKiB           int64   `json:"rss_kib"`
 	Goroutines       int     `json:"goroutines"`
+	// Procs are the subscriber workers (-procs; their CPU since they
+	// started); the figures above include them.
+	Procs []procSummary `json:"procs,omitempty"`
 }
 
 type deliverySummary struct {
@@ -288,6 +341,7 @@ func newResult(cfg *config) *result {
 		PerConn:   cfg.perConn,
 		Rate:      cfg.rate,
 		DurationS: cfg.duration.Seconds(),
+		Procs:     cfg.procs,
 		LoadStart: loadavg(),
 	}
 }
@@ -301,16 +355,23 @@ type runner struct {
 	names     []string
 	eng       engine
 	clients   []*client
-	pid       int
+	pid       int   // the (first) server
+	pids      []int // every spawned server
+	redisURL  string
+	redisDir  string
+	redisOpts *redis.Options // -publish-redis
+
+	serverLogPaths []string
+	redisLogPath   string
 
 	stdout io.Writer // the JSON line
 	stderr io.Writer // the summary and progress
 
-	mu        sync.Mutex
-	spawned   *exec.Cmd
-	spawnDone chan struct{}
-	spawnLog  string
-	began     time.Time
+	mu      sync.Mutex
+	servers []*proc // spawned servers
+	redis   *proc   // spawned redis-server
+	workers []*workerProc
+	began   time.Time
 }
 
 func newRunner(cfg *config, stdout, stderr io.Writer) *runner {
@@ -327,7 +388,11 @@ func (r *runner) run() int {
 		case "idle":
 			err = r.idle()
 		case "fanout", "spread", "scaleout":
-			err = r.deliver()
+			var ss streamSet = &localStreams{r: r}
+			if r.cfg.procs > 0 {
+				ss = &workerStreams{r: r}
+			}
+			err = r.deliver(ss)
 		case "reconnect":
 			err = r.reconnectStorm()
 		case "churn":
@@ -341,16 +406,12 @@ func (r *runner) run() int {
 			r.note(cerr.Error())
 		}
 		k := r.eng.core()
-		r.res.Conn = &connSummary{
-			Attempts: k.cnt.attempts.Load(), Connected: k.cnt.connected.Load(), Failed: k.cnt.failed.Load(),
-			GaveUp: k.cnt.gaveUp.Load(), Ended: k.cnt.ended.Load(), ClosedByUs: k.cnt.closedByUs.Load(),
-			Reconnects: k.cnt.reconnects.Load(), TruncatedHead: k.cnt.truncatedHead.Load(), Dials: k.cnt.dials.Load(),
-			EpollWaits: k.cnt.waits.Load(), ReadyEvents: k.cnt.ready.Load(), Reads: k.cnt.reads.Load(),
-		}
+		r.res.Conn = connSummaryOf(k)
 		if errs := k.errors(); len(errs) > 0 {
 			r.res.Errors = errs
 		}
 	}
+	r.stopWorkers()
 	r.stopServer()
 	r.res.LoadEnd = loadavg()
 	r.res.ElapsedS = round3(time.Since(r.began).Seconds())
@@ -437,9 +498,14 @@ func (r *runner) setup() error {
 	}
 	r.pubTarget = pt
 	r.res.PublishTo = pubRaw
-	if cfg.admin != "" {
-		if err := checkLoopbackAddr(ctx, cfg.admin, defaultLookup); err != nil {
+	for _, a := range cfg.admins {
+		if err := checkLoopbackAddr(ctx, a, defaultLookup); err != nil {
 			return fmt.Errorf("-admin: %v", err)
+		}
+	}
+	if cfg.publishRedis != "" && cfg.publishRedis != "spawned" {
+		if r.redisOpts, err = parseRedisURL(ctx, cfg.publishRedis); err != nil {
+			return fmt.Errorf("-publish-redis: %v", err)
 		}
 	}
 	srcs, err := parseSourceRange(cfg.src)
@@ -466,8 +532,13 @@ func (r *runner) setup() error {
 	if err := r.spawn(); err != nil {
 		return err
 	}
+	if cfg.publishRedis != "" {
+		if err := r.setupRedisPublish(ctx); err != nil {
+			return err
+		}
+	}
 	switch {
-	case r.pid != 0:
+	case r.pid != 0, cfg.scenario == workerCommand:
 	case cfg.pid != 0:
 		r.pid = cfg.pid
 	default:
@@ -476,6 +547,13 @@ func (r *runner) setup() error {
 			r.note("server metrics unavailable: " + err.Error())
 		}
 		r.pid = pid
+	}
+	if cfg.procs > 0 { // the workers open the streams
+		r.res.Engine = cfg.engine
+		if cfg.engine == "epoll" {
+			r.res.Workers = cfg.workers
+		}
+		return nil
 	}
 	opts := engineOpts{
 		srcs:         srcs,
@@ -501,102 +579,41 @@ func (r *runner) setup() error {
 	return nil
 }
 
-// spawn starts the server given by -spawn and waits until it listens.
-func (r *runner) spawn() error {
-	cfg := r.cfg
-	if cfg.spawn == "" {
-		return nil
+// sample reads the server (the sum over several spawned servers, each in
+// per) and the spawned Redis (in redis).
+func (r *runner) sample() (procSample, bool) {
+	pids := r.pids
+	if len(pids) == 0 && r.pid != 0 {
+		pids = []int{r.pid}
 	}
-	setPhase("spawn")
-	args := strings.Fields(cfg.spawn)
-	logPath := cfg.spawnLog
-	var logf *os.File
-	var err error
-	if logPath == "" {
-		logf, err = os.CreateTemp("", "ssebench-server-*.log")
-	} else {
-		logf, err = os.Create(logPath)
-	}
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	cmd := exec.Command(args[0], args[1:]...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = spawnAttrs()
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("-spawn: %v", err)
-	}
-	done := make(chan struct{})
+	var sum procSample
 	r.mu.Lock()
-	r.spawned, r.spawnDone, r.spawnLog = cmd, done, logf.Name()
+	rds := r.redis
 	r.mu.Unlock()
-	r.pid = cmd.Process.Pid
-	go func() {
-		_ = cmd.Wait()
-		close(done)
-	}()
-	addrs := []string{}
-	for _, t := range r.targets {
-		addrs = append(addrs, t.addr.String())
-	}
-	if cfg.admin != "" {
-		addrs = append(addrs, cfg.admin)
-	}
-	deadline := time.Now().Add(cfg.spawnWait)
-	for _, a := range addrs {
-		for {
-			c, err := net.DialTimeout("tcp", a, time.Second)
-			if err == nil {
-				c.Close()
-				break
-			}
-			select {
-			case <-done:
-				return fmt.Errorf("-spawn: the server exited before listening on %s (log: %s)", a, logf.Name())
-			case <-time.After(50 * time.Millisecond):
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("-spawn: nothing listens on %s after %s (log: %s)", a, cfg.spawnWait, logf.Name())
-			}
+	if rds != nil {
+		if s, err := readProc(rds.pid()); err == nil {
+			sum.redis = &s
 		}
 	}
-	return nil
-}
-
-// stopServer stops the spawned server: SIGTERM, then SIGKILL. Only the
-// process this run started, by its pid.
-func (r *runner) stopServer() {
-	r.mu.Lock()
-	cmd, done := r.spawned, r.spawnDone
-	r.spawned = nil
-	r.mu.Unlock()
-	if cmd == nil {
-		return
+	if len(pids) == 0 {
+		return sum, false
 	}
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-done:
-		return
-	case <-time.After(15 * time.Second):
+	for _, pid := range pids {
+		s, err := readProc(pid)
+		if err != nil {
+			r.note(fmt.Sprintf("reading /proc/%d: %v", pid, err))
+			return sum, false
+		}
+		sum.rssKiB += s.rssKiB
+		sum.hwmKiB += s.hwmKiB
+		sum.cpuSec += s.cpuSec
+		sum.threads += s.threads
+		sum.fds += s.fds
+		if len(pids) > 1 {
+			sum.per = append(sum.per, s)
+		}
 	}
-	_ = cmd.Process.Kill()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-	}
-}
-
-func (r *runner) sample() (procSample, bool) {
-	if r.pid == 0 {
-		return procSample{}, false
-	}
-	s, err := readProc(r.pid)
-	if err != nil {
-		r.note(fmt.Sprintf("reading /proc/%d: %v", r.pid, err))
-		return procSample{}, false
-	}
-	return s, true
+	return sum, true
 }
 
 func selfCPU() float64 {
@@ -618,9 +635,15 @@ func (r *runner) clientSummary(cpu0, cpu1 float64, secs float64, deliveries int6
 	if me, err := readProc(os.Getpid()); err == nil {
 		s.RSSKiB = me.rssKiB
 	}
+	s.Procs = r.workerSummaries()
+	for _, w := range s.Procs {
+		s.RSSKiB += w.RSSKiB
+	}
 	return s
 }
 
+// serverSummary is the server(s) from base (before connecting) and over
+// the window before→after; it also fills in the spawned Redis.
 func (r *runner) serverSummary(base, before, after procSample, secs float64, deliveries int64) *serverSummary {
 	s := &serverSummary{
 		PID: r.pid, RSSBaseKiB: base.rssKiB, RSSKiB: after.rssKiB, HWMKiB: after.hwmKiB,
@@ -633,7 +656,34 @@ func (r *runner) serverSummary(base, before, after procSample, secs float64, del
 		s.CPUPerDeliveryUs = round3((after.cpuSec - before.cpuSec) / float64(deliveries) * 1e6)
 	}
 	s.Goroutines = r.serverGoroutines()
+	if len(after.per) > 1 && len(after.per) == len(before.per) && len(after.per) == len(base.per) {
+		s.PIDs = r.pids
+		for i, a := range after.per {
+			s.Processes = append(s.Processes, procDelta(r.pids[i], base.per[i], before.per[i], a, secs))
+		}
+	}
+	if after.redis != nil && before.redis != nil && base.redis != nil {
+		r.mu.Lock()
+		rds := r.redis
+		r.mu.Unlock()
+		pid := 0
+		if rds != nil {
+			pid = rds.pid()
+		}
+		r.res.Redis = &redisSummary{URL: r.redisURL, procSummary: procDelta(pid, *base.redis, *before.redis, *after.redis, secs)}
+	}
 	return s
+}
+
+func procDelta(pid int, base, before, after procSample, secs float64) procSummary {
+	p := procSummary{
+		PID: pid, RSSBaseKiB: base.rssKiB, RSSKiB: after.rssKiB, HWMKiB: after.hwmKiB,
+		CPUSeconds: round3(after.cpuSec - before.cpuSec), Threads: after.threads, FDs: after.fds,
+	}
+	if secs > 0 {
+		p.CPUCores = round3((after.cpuSec - before.cpuSec) / secs)
+	}
+	return p
 }
 
 // progress prints a status line every 2 s on stderr until stopped.
@@ -654,12 +704,24 @@ func (r *runner) progress() (stop func()) {
 				return
 			case <-t.C:
 			}
-			k := r.eng.core()
 			p, _ := phase.Load().(string)
-			line := fmt.Sprintf("ssebench: %6.1fs %-10s live %d connected %d failed %d received %d",
-				time.Since(r.began).Seconds(), p, k.cnt.live.Load(), k.cnt.connected.Load(), k.cnt.failed.Load(), k.received())
-			if s, ok := r.sample(); ok {
+			line := fmt.Sprintf("ssebench: %6.1fs %-10s ", time.Since(r.began).Seconds(), p)
+			if r.eng != nil {
+				k := r.eng.core()
+				line += fmt.Sprintf("live %d connected %d failed %d received %d",
+					k.cnt.live.Load(), k.cnt.connected.Load(), k.cnt.failed.Load(), k.received())
+			} else {
+				line += r.workerProgressLine()
+			}
+			s, ok := r.sample()
+			if ok {
 				line += fmt.Sprintf(" | server rss %d MiB cpu %.1fs", s.rssKiB>>10, s.cpuSec)
+				if len(s.per) > 1 {
+					line += fmt.Sprintf(" (%d processes)", len(s.per))
+				}
+			}
+			if s.redis != nil {
+				line += fmt.Sprintf(" | redis rss %d MiB cpu %.1fs", s.redis.rssKiB>>10, s.redis.cpuSec)
 			}
 			fmt.Fprintln(r.stderr, line)
 		}
@@ -704,7 +766,7 @@ open:
 			}
 			time.Sleep(100 * time.Microsecond)
 		}
-		c := r.newClient(i, cfg.reconnect, 0)
+		c := r.newClient(cfg.idBase+i, cfg.reconnect, 0)
 		r.clients = append(r.clients, c)
 		r.eng.start(c)
 	}
@@ -803,10 +865,11 @@ func (r *runner) liveClients() []*client {
 type tally struct {
 	expected, unique, lost, extra int64
 	complete                      int
+	clients                       int
 }
 
 func countDelivered(clients []*client, ok []int64) tally {
-	var t tally
+	t := tally{clients: len(clients)}
 	for _, c := range clients {
 		full := true
 		for s, ch := range c.chans {
@@ -842,27 +905,90 @@ func okPerChannel(results ...*pubResult) []int64 {
 }
 
 func (r *runner) newPublisher() publisher {
+	if r.redisOpts != nil {
+		p := newRedisPublisher(r.redisOpts, r.cfg.redisPrefix, r.cfg.redisHistory, r.cfg.publishers+2, r.cfg.publishTimeout)
+		p.note = r.note
+		return p
+	}
 	return newHTTPPublisher(r.pubTarget, r.cfg.secret, r.cfg.publishers+2, r.cfg.publishTimeout)
 }
 
+// setupRedisPublish resolves -publish-redis (after the spawn: "spawned" is
+// the spawned Redis) and checks that Redis answers.
+func (r *runner) setupRedisPublish(ctx context.Context) error {
+	if r.cfg.publishRedis == "spawned" {
+		opts, err := parseRedisURL(ctx, r.redisURL)
+		if err != nil {
+			return err
+		}
+		r.redisOpts = opts
+	}
+	p := newRedisPublisher(r.redisOpts, r.cfg.redisPrefix, r.cfg.redisHistory, 1, r.cfg.publishTimeout)
+	defer p.close()
+	if err := p.ping(ctx); err != nil {
+		return fmt.Errorf("-publish-redis: %v", err)
+	}
+	r.res.PublishTo = "redis://" + r.redisOpts.Addr + " FCALL " + "sse_publish_v1 " + r.cfg.redisPrefix + "{<channel>}"
+	return nil
+}
+
+// streamSet is where the measured streams are: this process' engine, or
+// the subscriber workers of -procs.
+type streamSet interface {
+	// open opens the streams (the ramp); it fills in r.res.Ramp.
+	open() (*rampSummary, error)
+	// begin fixes the streams that count: those that connected.
+	begin() error
+	// received is how many events the streams received so far.
+	received() (int64, error)
+	// count compares what the streams received with ok per channel.
+	count(ok []int64) (tally, error)
+	// totals are the final figures (latency and the rest).
+	totals() (*statsTotals, error)
+}
+
+// localStreams are the streams of this process.
+type localStreams struct {
+	r    *runner
+	live []*client
+}
+
+func (l *localStreams) open() (*rampSummary, error) { return l.r.ramp(), nil }
+func (l *localStreams) begin() error {
+	l.live = l.r.liveClients()
+	return nil
+}
+func (l *localStreams) received() (int64, error) { return l.r.eng.core().received(), nil }
+func (l *localStreams) count(ok []int64) (tally, error) {
+	return countDelivered(l.live, ok), nil
+}
+func (l *localStreams) totals() (*statsTotals, error) { return l.r.eng.core().totals(), nil }
+
 // deliver is fanout, spread and scaleout: streams over channels, events
 // published at a rate for a duration; latency, throughput, losses, CPU.
-func (r *runner) deliver() error {
+func (r *runner) deliver(ss streamSet) error {
 	cfg := r.cfg
 	base, haveServer := r.sample()
-	ramp := r.ramp()
+	ramp, err := ss.open()
+	if err != nil {
+		return err
+	}
 	if ramp.Connected == 0 {
 		return errors.New("no stream opened")
 	}
 	sleepPhase("settle", cfg.settle)
-	live := r.liveClients()
-	k := r.eng.core()
+	if err := ss.begin(); err != nil {
+		return err
+	}
 	pub := r.newPublisher()
 	defer pub.close()
 
 	before, _ := r.sample()
-	cpu0 := selfCPU()
-	recv0 := k.received()
+	cpu0 := r.clientCPU()
+	recv0, err := ss.received()
+	if err != nil {
+		return err
+	}
 	endBox := r.boxWindow()
 	waitProfile := r.startCPUProfile(cfg.duration)
 	setPhase("publish")
@@ -880,7 +1006,11 @@ func (r *runner) deliver() error {
 		pad:      cfg.pad,
 	}
 	pres := runPublish(ctx, pub, plan)
-	recvPub := k.received() - recv0
+	recvEnd, err := ss.received()
+	if err != nil {
+		return err
+	}
+	recvPub := recvEnd - recv0
 	pubSecs := pres.end.Sub(pres.start).Seconds()
 
 	setPhase("drain")
@@ -889,7 +1019,9 @@ func (r *runner) deliver() error {
 	drained := false
 	var t tally
 	for {
-		t = countDelivered(live, ok)
+		if t, err = ss.count(ok); err != nil {
+			return err
+		}
 		if t.lost == 0 {
 			drained = true
 			break
@@ -902,14 +1034,21 @@ func (r *runner) deliver() error {
 	drainSecs := time.Since(drainStart).Seconds()
 	endBox()
 	after, _ := r.sample()
-	cpu1 := selfCPU()
-	recvAll := k.received() - recv0
+	cpu1 := r.clientCPU()
+	recvNow, err := ss.received()
+	if err != nil {
+		return err
+	}
+	recvAll := recvNow - recv0
 	window := pubSecs + drainSecs
 	waitProfile()
 
-	tot := k.totals()
+	tot, err := ss.totals()
+	if err != nil {
+		return err
+	}
 	d := &deliverySummary{
-		Clients: len(live), Expected: t.expected, Unique: t.unique, Received: recvAll,
+		Clients: t.clients, Expected: t.expected, Unique: t.unique, Received: recvAll,
 		Lost: t.lost, Dupes: tot.dupes, Reordered: tot.reordered, Extra: t.extra, Foreign: tot.foreign,
 		Truncated: tot.truncatedEvents, Closing: tot.closing,
 		DrainSeconds: round3(drainSecs), Drained: drained,
@@ -1174,15 +1313,20 @@ func (r *runner) adminToFile(path, file string, timeout time.Duration) error {
 	return f.Close()
 }
 
-// serverGoroutines reads the goroutine count from the admin's pprof index
-// (0 without -admin).
+// serverGoroutines reads the goroutine count from the admin's pprof index,
+// summed over every -admin (0 without -admin).
 func (r *runner) serverGoroutines() int {
-	if r.cfg.admin == "" {
-		return 0
+	n := 0
+	for _, a := range r.cfg.admins {
+		n += adminGoroutines(a)
 	}
+	return n
+}
+
+func adminGoroutines(admin string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+r.cfg.admin+"/debug/pprof/goroutine?debug=1", nil)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+admin+"/debug/pprof/goroutine?debug=1", nil)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0
@@ -1303,17 +1447,33 @@ func (r *runner) printSummary() {
 			fmt.Fprintf(w, ", %d goroutines", s.Goroutines)
 		}
 		fmt.Fprintln(w)
+		for i, p := range s.Processes {
+			fmt.Fprintf(w, "server %d:  pid %d rss %d KiB (base %d, peak %d); cpu %.2fs (%.2f cores); %d fds\n",
+				i, p.PID, p.RSSKiB, p.RSSBaseKiB, p.HWMKiB, p.CPUSeconds, p.CPUCores, p.FDs)
+		}
 		if m := s.MemStats; m != nil {
 			fmt.Fprintf(w, "memstats:  heap inuse %d KiB (%.2f KiB/conn), stacks %d KiB (%.2f KiB/conn), idle unreleased heap %d KiB, sys %d KiB, %d GCs\n",
 				m.HeapInuse, m.PerConnHeap, m.StackInuse, m.PerConnStack, m.HeapIdle, m.Sys, m.NumGC)
 		}
+	}
+	if s := res.Redis; s != nil {
+		fmt.Fprintf(w, "redis:     pid %d %s rss %d KiB (base %d, peak %d); cpu %.2fs (%.2f cores)\n",
+			s.PID, s.URL, s.RSSKiB, s.RSSBaseKiB, s.HWMKiB, s.CPUSeconds, s.CPUCores)
 	}
 	if s := res.Client; s != nil {
 		fmt.Fprintf(w, "client:    cpu %.2fs (%.2f cores)", s.CPUSeconds, s.CPUCores)
 		if s.CPUPerDeliveryUs > 0 {
 			fmt.Fprintf(w, " = %.2f µs/delivery", s.CPUPerDeliveryUs)
 		}
-		fmt.Fprintf(w, "; rss %d KiB\n", s.RSSKiB)
+		fmt.Fprintf(w, "; rss %d KiB", s.RSSKiB)
+		if len(s.Procs) > 0 {
+			fmt.Fprintf(w, " (this process and %d subscriber processes:", len(s.Procs))
+			for _, p := range s.Procs {
+				fmt.Fprintf(w, " pid %d %d streams %.2fs cpu %d KiB;", p.PID, p.Conns, p.CPUSeconds, p.RSSKiB)
+			}
+			fmt.Fprint(w, ")")
+		}
+		fmt.Fprintln(w)
 	}
 	if s := res.Publish; s != nil {
 		fmt.Fprintf(w, "publish:   %d/%d ok in %.2fs (%.1f/s, ordered=%v), rtt p50 %.2f ms p99 %.2f ms, behind schedule p50 %.2f ms max %.2f ms\n",
@@ -1345,7 +1505,11 @@ func (r *runner) printSummary() {
 		fmt.Fprintln(w)
 	}
 	if b := res.Box; b != nil {
-		fmt.Fprintf(w, "box:       %.2f of %d cores busy over %.1fs: server %.2f, ssebench %.2f, others %.2f\n", b.BusyCores, b.Cores, b.Seconds, b.ServerCores, b.ClientCores, b.OtherCores)
+		fmt.Fprintf(w, "box:       %.2f of %d cores busy over %.1fs: server %.2f, ", b.BusyCores, b.Cores, b.Seconds, b.ServerCores)
+		if b.RedisCores > 0 {
+			fmt.Fprintf(w, "redis %.2f, ", b.RedisCores)
+		}
+		fmt.Fprintf(w, "ssebench %.2f, others %.2f\n", b.ClientCores, b.OtherCores)
 	}
 	for _, e := range sortedErrs(res.Errors) {
 		fmt.Fprintf(w, "error:     %s ×%d\n", e, res.Errors[e])
@@ -1356,9 +1520,10 @@ func (r *runner) printSummary() {
 	if res.Error != "" {
 		fmt.Fprintf(w, "FAILED:    %s\n", res.Error)
 	}
-	r.mu.Lock()
-	if r.spawnLog != "" {
-		fmt.Fprintf(w, "server log: %s\n", r.spawnLog)
+	if len(r.serverLogPaths) > 0 {
+		fmt.Fprintf(w, "server log: %s\n", strings.Join(r.serverLogPaths, ", "))
 	}
-	r.mu.Unlock()
+	if r.redisLogPath != "" {
+		fmt.Fprintf(w, "redis log: %s\n", r.redisLogPath)
+	}
 }

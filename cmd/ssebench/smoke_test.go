@@ -2,18 +2,43 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 )
+
+// TestMain also runs the test binary as the processes a run starts: a
+// subscriber worker (-procs re-executes the tool, here the test binary),
+// or a spawned Redis-backed fake server (SSEBENCH_SMOKE_SERVER=<addr>).
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == workerCommand {
+		os.Exit(runWorker(os.Args[2:]))
+	}
+	if addr := os.Getenv("SSEBENCH_SMOKE_SERVER"); addr != "" {
+		if err := runFakeRedisServer(addr, os.Getenv("SSEBENCH_REDIS")); err != nil {
+			fmt.Fprintln(os.Stderr, "fake redis server:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
 
 // fakeSSE is a minimal in-process SSE server with the module's HTTP
 // surface: GET streams (one channel per stream here, ids "<channel>:<seq>",
@@ -275,5 +300,240 @@ func TestRefusesNonLoopback(t *testing.T) {
 		if _, err := parseArgs(append(args, "-q")); err == nil {
 			t.Errorf("parseArgs(%q) accepted", args)
 		}
+	}
+}
+
+// runFakeRedisServer is a fake server on Redis, the way the module uses it
+// (simplified: live streams only, no replay): a publish runs the module's
+// function sse_publish_v1 (with the tool's own Redis publisher), and a
+// stream of channel C reads the announcements on the shard channel
+// sse:{C} ("<epoch>:<seq>:<time>:<type length>:<type><data>"). Several of
+// them on one Redis fan out to each other's streams.
+func runFakeRedisServer(addr, redisURL string) error {
+	opts, err := redis.ParseURL(redisURL)
+	if err != nil {
+		return fmt.Errorf("SSEBENCH_REDIS %q: %v", redisURL, err)
+	}
+	pub := newRedisPublisher(opts, "sse:", 1000, 8, 5*time.Second)
+	rdb := redis.NewClient(opts)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.Method {
+		case http.MethodPost:
+			if r.Header.Get("Authorization") != "Bearer smoke" {
+				http.Error(w, `{"error":"unauthorized"}`, http.StatusUnauthorized)
+				return
+			}
+			var body struct {
+				Channel string          `json:"channel"`
+				Event   string          `json:"event"`
+				Data    json.RawMessage `json:"data"`
+			}
+			if err := json.NewDecoder(r.Body).Decode(&body); err != nil || body.Channel == "" {
+				http.Error(w, `{"error":"json_invalid"}`, http.StatusBadRequest)
+				return
+			}
+			var data bytes.Buffer
+			_ = json.Compact(&data, body.Data)
+			if err := pub.publish(r.Context(), body.Channel, body.Event, data.Bytes(), ""); err != nil {
+				http.Error(w, `{"error":"publish_failed"}`, http.StatusServiceUnavailable)
+				return
+			}
+			fmt.Fprint(w, `{"ids":{}}`)
+		case http.MethodGet:
+			ch := r.URL.Query().Get("channels")
+			ps := rdb.SSubscribe(r.Context(), "sse:{"+ch+"}")
+			defer ps.Close()
+			if _, err := ps.Receive(r.Context()); err != nil { // subscribed before the 200
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(http.StatusOK)
+			fmt.Fprint(w, ": ok\n\n")
+			rc := http.NewResponseController(w)
+			if rc.Flush() != nil {
+				return
+			}
+			msgs := ps.Channel()
+			for {
+				select {
+				case m, ok := <-msgs:
+					if !ok {
+						return
+					}
+					f := strings.SplitN(m.Payload, ":", 5)
+					if len(f) < 5 {
+						continue
+					}
+					n, _ := strconv.Atoi(f[3])
+					n = min(n, len(f[4]))
+					fmt.Fprintf(w, "event: %s\ndata: %s\nid: %s\n\n", f[4][:n], f[4][n:], f[1])
+					if rc.Flush() != nil {
+						return
+					}
+				case <-r.Context().Done():
+					return
+				}
+			}
+		default:
+			http.Error(w, "no", http.StatusMethodNotAllowed)
+		}
+	})
+	return http.ListenAndServe(addr, h)
+}
+
+// needRedis returns the redis-server binary, or skips the test when there
+// is none (but fails in CI).
+func needRedis(t *testing.T) string {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("redis-server is needed in CI: %v", err)
+		}
+		t.Skipf("no redis-server: %v", err)
+	}
+	return bin
+}
+
+func freePorts(t *testing.T, n int) []int {
+	t.Helper()
+	var out []int
+	for len(out) < n {
+		p, err := freePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// gone checks that a process this run started is no more.
+func gone(t *testing.T, what string, pid int) {
+	t.Helper()
+	if pid <= 0 {
+		t.Fatalf("%s: no pid", what)
+	}
+	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("%s (pid %d) still exists after the run: %v", what, pid, err)
+	}
+}
+
+// TestSmokeRedis runs the Redis setups end to end with a few streams: a
+// spawned redis-server, two spawned servers on it (Redis-backed fake
+// servers: the test binary), the streams held by two subscriber worker
+// processes, events published through the first server's HTTP endpoint or
+// straight into Redis with the module's function.
+func TestSmokeRedis(t *testing.T) {
+	redisBin := needRedis(t)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"-secret", "smoke", "-settle", "200ms", "-q", "-timeout", "90s", "-drain", "10s", "-spawn-redis", redisBin}
+	t.Run("scaleout-procs", func(t *testing.T) {
+		ports := freePorts(t, 2)
+		urls := fmt.Sprintf("http://127.0.0.1:%d/events,http://127.0.0.1:%d/events", ports[0], ports[1])
+		args := append([]string{"scaleout", "-url", urls, "-conns", "40", "-procs", "2", "-rate", "20", "-duration", "1s",
+			"-spawn", fmt.Sprintf("SSEBENCH_SMOKE_SERVER=127.0.0.1:%d %s", ports[0], exe),
+			"-spawn", fmt.Sprintf("SSEBENCH_SMOKE_SERVER=127.0.0.1:%d %s", ports[1], exe)}, base...)
+		res, summary := runScenario(t, args...)
+		d := res.Delivery
+		if res.Ramp.Connected != 40 || d.Clients != 40 || d.Expected != 40*20 || d.Unique != 40*20 || d.Lost != 0 || d.Dupes != 0 || !d.Drained {
+			t.Fatalf("ramp %+v delivery %+v\n%s", res.Ramp, d, summary)
+		}
+		if res.Latency.N != 40*20 || res.Latency.P99ms <= 0 {
+			t.Fatalf("latency %+v", res.Latency)
+		}
+		s := res.Server
+		if s == nil || len(s.PIDs) != 2 || len(s.Processes) != 2 || s.RSSKiB != s.Processes[0].RSSKiB+s.Processes[1].RSSKiB {
+			t.Fatalf("server %+v", s)
+		}
+		if res.Redis == nil || res.Redis.RSSKiB <= 0 || !strings.HasPrefix(res.Redis.URL, "redis://127.0.0.1:") || strings.HasSuffix(res.Redis.URL, ":6379") {
+			t.Fatalf("redis %+v", res.Redis)
+		}
+		if c := res.Client; c == nil || len(c.Procs) != 2 || c.Procs[0].Conns != 20 || c.Procs[1].URL == c.Procs[0].URL {
+			t.Fatalf("client %+v", c)
+		}
+		if res.Conn == nil || res.Conn.Connected != 40 || res.Procs != 2 {
+			t.Fatalf("connections %+v procs %d", res.Conn, res.Procs)
+		}
+		for i, pid := range s.PIDs {
+			gone(t, fmt.Sprintf("server %d", i), pid)
+		}
+		gone(t, "redis", res.Redis.PID)
+		for i, p := range res.Client.Procs {
+			gone(t, fmt.Sprintf("worker %d", i), p.PID)
+		}
+	})
+	t.Run("publish-redis", func(t *testing.T) {
+		ports := freePorts(t, 1)
+		args := append([]string{"fanout", "-url", fmt.Sprintf("http://127.0.0.1:%d/events", ports[0]), "-conns", "20", "-rate", "20", "-duration", "1s",
+			"-publish-redis", "spawned", "-channel-prefix", "direct",
+			"-spawn", fmt.Sprintf("SSEBENCH_SMOKE_SERVER=127.0.0.1:%d %s", ports[0], exe)}, base...)
+		res, summary := runScenario(t, args...)
+		d := res.Delivery
+		if d.Expected != 20*20 || d.Unique != 20*20 || d.Lost != 0 || d.Dupes != 0 {
+			t.Fatalf("delivery %+v\n%s", d, summary)
+		}
+		if !strings.HasPrefix(res.PublishTo, "redis://127.0.0.1:") || !strings.Contains(summary, "function library was loaded") {
+			t.Fatalf("publish_url %q\n%s", res.PublishTo, summary)
+		}
+		gone(t, "redis", res.Redis.PID)
+	})
+}
+
+// TestRedisPublisherScripts checks the publisher against a Redis that
+// refuses functions: it runs the script form, and the event is in the
+// channel's stream.
+func TestRedisPublisherScripts(t *testing.T) {
+	redisBin := needRedis(t)
+	port := freePorts(t, 1)[0]
+	cmd := exec.Command(redisBin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--protected-mode", "no", "--dir", t.TempDir(), "--rename-command", "FUNCTION", "")
+	cmd.SysProcAttr = spawnAttrs()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	opts, err := parseRedisURL(context.Background(), fmt.Sprintf("redis://127.0.0.1:%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(opts)
+	defer rdb.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for rdb.Ping(context.Background()).Err() != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("redis-server did not answer")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	p := newRedisPublisher(opts, "sse:", 1000, 2, 5*time.Second)
+	var notes []string
+	p.note = func(s string) { notes = append(notes, s) }
+	for i := range 3 {
+		if err := p.publish(context.Background(), "orders", "tick", []byte(fmt.Sprintf(`{"i":%d}`, i)), ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.close()
+	if n, err := rdb.XLen(context.Background(), "sse:{orders}:s").Result(); err != nil || n != 3 {
+		t.Fatalf("stream length %d, %v", n, err)
+	}
+	if seq, _ := rdb.HGet(context.Background(), "sse:{orders}:m", "s").Result(); seq != "3" {
+		t.Fatalf("seq %q", seq)
+	}
+	if !p.scripts.Load() || len(notes) != 1 || !strings.Contains(notes[0], "script") {
+		t.Fatalf("scripts %v notes %q", p.scripts.Load(), notes)
+	}
+	if _, err := parseRedisURL(context.Background(), "redis://192.0.2.1:6390"); err == nil {
+		t.Fatal("a non-loopback Redis was accepted")
 	}
 }

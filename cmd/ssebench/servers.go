@@ -1,0 +1,347 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// proc is a process this run started (a server, the Redis, a subscriber
+// worker): it is stopped by its pid, and dies with the tool (PDEATHSIG).
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	done chan struct{} // closed when it has exited (and was reaped)
+	log  string
+}
+
+func (p *proc) pid() int { return p.cmd.Process.Pid }
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// startProc starts cmd and reaps it in the background.
+func startProc(name string, cmd *exec.Cmd, log string) (*proc, error) {
+	cmd.SysProcAttr = spawnAttrs()
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &proc{name: name, cmd: cmd, done: make(chan struct{}), log: log}
+	go func() {
+		_ = cmd.Wait()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// stopProcs sends sig to every process, waits up to grace for all of them,
+// then kills (SIGKILL, by pid) those still running and waits a little more.
+func stopProcs(ps []*proc, sig syscall.Signal, grace time.Duration) {
+	for _, p := range ps {
+		if !p.exited() {
+			_ = p.cmd.Process.Signal(sig)
+		}
+	}
+	deadline := time.After(grace)
+	var left []*proc
+	for _, p := range ps {
+		select {
+		case <-p.done:
+			continue
+		case <-deadline:
+		}
+		left = append(left, p)
+	}
+	if len(left) == 0 {
+		return
+	}
+	for _, p := range left {
+		_ = p.cmd.Process.Kill()
+	}
+	end := time.After(5 * time.Second)
+	for _, p := range left {
+		select {
+		case <-p.done:
+		case <-end:
+			return
+		}
+	}
+}
+
+var envWord = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*=`)
+
+// splitSpawn splits a -spawn command line on spaces into its leading
+// NAME=value words (environment) and the command.
+func splitSpawn(line string) (env, args []string) {
+	words := strings.Fields(line)
+	i := 0
+	for i < len(words) && envWord.MatchString(words[i]) {
+		i++
+	}
+	return words[:i], words[i:]
+}
+
+// spawnLogFile creates the log of the i-th server.
+func (r *runner) spawnLogFile(i int) (*os.File, error) {
+	if r.cfg.spawnLog == "" {
+		return os.CreateTemp("", fmt.Sprintf("ssebench-server%s-*.log", map[bool]string{true: "", false: strconv.Itoa(i)}[i == 0]))
+	}
+	path := r.cfg.spawnLog
+	if i > 0 {
+		path += "." + strconv.Itoa(i)
+	}
+	return os.Create(path)
+}
+
+// spawn starts the Redis (-spawn-redis) and then the servers (-spawn) and
+// waits until each listens: every target URL and admin address answers,
+// and, with several servers, each of them holds a listening socket.
+func (r *runner) spawn() error {
+	cfg := r.cfg
+	if cfg.spawnRedis != "" {
+		if err := r.spawnRedisServer(); err != nil {
+			return err
+		}
+	}
+	if len(cfg.spawns) == 0 {
+		return nil
+	}
+	setPhase("spawn")
+	var extraEnv []string
+	if r.redisURL != "" {
+		extraEnv = append(extraEnv, "SSEBENCH_REDIS="+r.redisURL)
+	}
+	for i, line := range cfg.spawns {
+		env, args := splitSpawn(line)
+		if len(args) == 0 {
+			return fmt.Errorf("-spawn %q: no command", line)
+		}
+		logf, err := r.spawnLogFile(i)
+		if err != nil {
+			return err
+		}
+		cmd := exec.Command(args[0], args[1:]...)
+		cmd.Stdout, cmd.Stderr = logf, logf
+		cmd.Env = append(append(os.Environ(), extraEnv...), env...)
+		p, err := startProc(fmt.Sprintf("server %d", i), cmd, logf.Name())
+		logf.Close()
+		if err != nil {
+			return fmt.Errorf("-spawn: %v", err)
+		}
+		r.mu.Lock()
+		r.servers = append(r.servers, p)
+		r.mu.Unlock()
+		r.pids = append(r.pids, p.pid())
+		r.serverLogPaths = append(r.serverLogPaths, p.log)
+	}
+	r.pid = r.pids[0]
+	addrs := []string{}
+	for _, t := range r.targets {
+		addrs = append(addrs, t.addr.String())
+	}
+	addrs = append(addrs, cfg.admins...)
+	deadline := time.Now().Add(cfg.spawnWait)
+	exited := func() error {
+		for _, p := range r.servers {
+			if p.exited() {
+				return fmt.Errorf("-spawn: %s exited before listening (log: %s)", p.name, p.log)
+			}
+		}
+		return nil
+	}
+	for _, a := range addrs {
+		for {
+			c, err := net.DialTimeout("tcp", a, time.Second)
+			if err == nil {
+				c.Close()
+				break
+			}
+			if err := exited(); err != nil {
+				return fmt.Errorf("%v; waiting for %s", err, a)
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("-spawn: nothing listens on %s after %s (logs: %s)", a, cfg.spawnWait, r.serverLogs())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	if len(r.servers) > 1 {
+		for _, p := range r.servers {
+			for !listens(p.pid()) {
+				if err := exited(); err != nil {
+					return err
+				}
+				if time.Now().After(deadline) {
+					return fmt.Errorf("-spawn: %s (pid %d) does not listen after %s (log: %s)", p.name, p.pid(), cfg.spawnWait, p.log)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+	}
+	return nil
+}
+
+// listens reports whether pid holds a listening TCP socket.
+func listens(pid int) bool {
+	want := map[uint64]bool{}
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, n := range allListenInodes(b) {
+			want[n] = true
+		}
+	}
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return false
+	}
+	for _, e := range ents {
+		link, err := os.Readlink(dir + "/" + e.Name())
+		if err != nil {
+			continue
+		}
+		if n, ok := parseSocketLink(link); ok && want[n] {
+			return true
+		}
+	}
+	return false
+}
+
+// allListenInodes returns the inodes of every listening socket in the text
+// of /proc/net/tcp{,6}.
+func allListenInodes(b []byte) []uint64 {
+	var out []uint64
+	for i, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if i == 0 || len(f) < 10 || f[3] != "0A" {
+			continue
+		}
+		if n, err := strconv.ParseUint(f[9], 10, 64); err == nil && n != 0 {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func (r *runner) serverLogs() string { return strings.Join(r.serverLogPaths, ", ") }
+
+// freePort returns a free 127.0.0.1 TCP port other than 6379.
+func freePort() (int, error) {
+	for range 10 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		if port != 6379 {
+			return port, nil
+		}
+	}
+	return 0, errors.New("no free port")
+}
+
+// spawnRedisServer starts a private redis-server on 127.0.0.1 without
+// persistence and waits until it answers PING.
+func (r *runner) spawnRedisServer() error {
+	cfg := r.cfg
+	setPhase("spawn-redis")
+	bin, err := exec.LookPath(cfg.spawnRedis)
+	if err != nil {
+		return fmt.Errorf("-spawn-redis: %v", err)
+	}
+	port := cfg.redisPort
+	if port == 0 {
+		if port, err = freePort(); err != nil {
+			return fmt.Errorf("-spawn-redis: %v", err)
+		}
+	}
+	if port == 6379 {
+		return errors.New("-spawn-redis: refusing port 6379")
+	}
+	dir, err := os.MkdirTemp("", "ssebench-redis-*")
+	if err != nil {
+		return err
+	}
+	r.redisDir = dir
+	logf, err := os.CreateTemp("", "ssebench-redis-*.log")
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--protected-mode", "no", "--daemonize", "no", "--dir", dir, "--logfile", "")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	p, err := startProc("redis", cmd, logf.Name())
+	if err != nil {
+		return fmt.Errorf("-spawn-redis: %v", err)
+	}
+	r.mu.Lock()
+	r.redis = p
+	r.mu.Unlock()
+	r.redisLogPath = p.log
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	rdb := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: time.Second, ReadTimeout: time.Second, MaxRetries: -1, PoolSize: 1})
+	defer rdb.Close()
+	deadline := time.Now().Add(cfg.spawnWait)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := rdb.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			break
+		}
+		if p.exited() {
+			return fmt.Errorf("-spawn-redis: redis-server exited (log: %s)", p.log)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("-spawn-redis: no PONG from %s after %s: %v (log: %s)", addr, cfg.spawnWait, err, p.log)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	r.redisURL = "redis://" + addr
+	return nil
+}
+
+// stopServer stops what this run started, each by its pid: the subscriber
+// workers (SIGKILL: their figures were read already, or the run is being
+// aborted), the servers (SIGTERM, then SIGKILL after 15 s) and then the
+// Redis (SIGTERM, then SIGKILL after 5 s). It is safe to call twice and
+// from the watchdog.
+func (r *runner) stopServer() {
+	r.mu.Lock()
+	workers, servers, rds := r.workers, r.servers, r.redis
+	r.workers, r.servers, r.redis = nil, nil, nil
+	r.mu.Unlock()
+	var wp []*proc
+	for _, w := range workers {
+		wp = append(wp, w.p)
+	}
+	stopProcs(wp, syscall.SIGKILL, 5*time.Second)
+	stopProcs(servers, syscall.SIGTERM, 15*time.Second)
+	if rds != nil {
+		stopProcs([]*proc{rds}, syscall.SIGTERM, 5*time.Second)
+	}
+	if rds != nil && r.redisDir != "" {
+		_ = os.RemoveAll(r.redisDir)
+	}
+}
