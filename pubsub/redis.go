@@ -151,12 +151,19 @@ func (b *Redis) publishAndWait(ctx context.Context, key string, args []any) (any
 	return reply, nil
 }
 
-// Read reads a channel's history after a position (or only its head).
+// Read reads a channel's history after a position (or only its head: for a
+// channel this instance already follows, the last position it delivered).
 func (b *Redis) Read(ctx context.Context, channel string, after *replay.Position, limit int) (replay.Page, error) {
 	if b.closed.Load() {
 		return replay.Page{}, ErrClosed
 	}
-	page, bad, err := b.read(ctx, b.Key(channel), after, limit)
+	key := b.Key(channel)
+	if after == nil && b.up.Load() {
+		if head, ok := b.watch.delivered(key); ok {
+			return replay.Page{Head: head}, nil
+		}
+	}
+	page, bad, err := b.read(ctx, key, after, limit)
 	if bad > 0 {
 		b.log.Warn("events with an invalid type or non-UTF-8 data in the history were not sent",
 			zap.String("channel", channel), zap.Int("events", bad))

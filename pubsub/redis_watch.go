@@ -94,6 +94,24 @@ func (w *watcher) want(channel string, wanted bool) {
 	}
 }
 
+// delivered returns the last position delivered on a watched channel whose
+// subscription is confirmed and whose head has been compared since; false
+// if there is none, or if a delivery or repair is under way.
+//
+// A stream that subscribed to the hub may start there instead of at the
+// head read from Redis: every later event reaches it through this watch,
+// in order, announced or repaired — one Redis call less per connection.
+func (w *watcher) delivered(key string) (replay.Position, bool) {
+	w.mu.Lock()
+	wt := w.byKey[key]
+	w.mu.Unlock()
+	if wt == nil || !wt.mu.TryLock() {
+		return replay.Position{}, false
+	}
+	defer wt.mu.Unlock()
+	return wt.last, wt.known
+}
+
 // count returns how many channels are watched.
 func (w *watcher) count() int {
 	w.mu.Lock()
