@@ -424,3 +424,92 @@ func TestRedisWaitReplicas(t *testing.T) {
 		}
 	}
 }
+
+// A stream that subscribes to a channel this instance already follows
+// starts at the last position delivered here, without reading Redis, and
+// still gets every later event: no gap between its starting point and its
+// live events, also while events are published concurrently.
+func TestRedisHeadOfAFollowedChannel(t *testing.T) {
+	srv := redistest.Start(t)
+	pub, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	first := newRedisRecorder()
+	defer hub.Subscribe(first, []string{"orders"}).Close()
+	srv.WaitShardSubscribers(t, broker.Key("orders"), 1)
+	var last replay.Position
+	for i := range 3 {
+		last = publishTo(t, pub, "orders", fmt.Sprint("o", i))
+	}
+	first.waitFor(t, 0, 3)
+
+	reads := func() string { return srv.MustCLI("INFO", "commandstats") }
+	before := reads()
+	for range 10 {
+		page, err := hub.Read(context.Background(), "orders", nil, 100)
+		if err != nil || page.Head != last || len(page.Events) != 0 {
+			t.Fatalf("head of a followed channel: %+v, %v; want %+v and no events", page, err, last)
+		}
+	}
+	if after := reads(); fcallCalls(after) != fcallCalls(before) {
+		t.Fatalf("reading the head of a followed channel called Redis:\n%s\n%s", before, after)
+	}
+
+	// new streams joining while events are published: each gets every
+	// event after its starting point, in order
+	const events, joiners = 200, 20
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range events {
+			if _, err := pub.Publish(context.Background(), "orders", Message{Type: "t", Data: []byte(fmt.Sprint("p", i))}, testLimits); err != nil {
+				t.Errorf("publish: %v", err)
+				return
+			}
+		}
+	}()
+	type joined struct {
+		rec  *redisRecorder
+		head replay.Position
+	}
+	var all []joined
+	for range joiners {
+		rec := newRedisRecorder()
+		defer hub.Subscribe(rec, []string{"orders"}).Close()
+		page, err := hub.Read(context.Background(), "orders", nil, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, joined{rec, page.Head})
+		time.Sleep(2 * time.Millisecond) // spread the joins over the publishing
+	}
+	<-done
+	end := last.Seq + events
+	for i, j := range all {
+		got := j.rec.waitFor(t, 0, 1)
+		deadline := time.Now().Add(redisWait)
+		for got[len(got)-1].Pos.Seq < end && time.Now().Before(deadline) {
+			got = j.rec.waitFor(t, 0, len(got)+1)
+		}
+		var after []*replay.Event
+		for _, ev := range got {
+			if ev.Pos.Seq > j.head.Seq { // what a stream at head skips as seen
+				after = append(after, ev)
+			}
+		}
+		if uint64(len(after)) != end-j.head.Seq {
+			t.Fatalf("joiner %d at seq %d: %d events after it, want %d", i, j.head.Seq, len(after), end-j.head.Seq)
+		}
+		assertContiguous(t, after, j.head.Seq+1)
+	}
+}
+
+// fcallCalls is the number of FCALL and FCALL_RO calls in INFO commandstats.
+func fcallCalls(info string) string {
+	var calls []string
+	for _, line := range strings.Split(info, "\n") {
+		if strings.HasPrefix(line, "cmdstat_fcall") {
+			calls = append(calls, strings.SplitN(strings.TrimSpace(line), ",", 2)[0])
+		}
+	}
+	return strings.Join(calls, " ")
+}
