@@ -513,3 +513,22 @@ func fcallCalls(info string) string {
 	}
 	return strings.Join(calls, " ")
 }
+
+// On a Redis that does not have the library yet, the first check of a new
+// watch loads it and syncs the channel at once, not a check interval later:
+// streams joining meanwhile would otherwise each read the head from Redis.
+func TestRedisNewWatchSyncsOnAFreshRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: time.Minute})
+	defer hub.Subscribe(newRedisRecorder(), []string{"orders"}).Close()
+	deadline := time.Now().Add(redisWait)
+	for {
+		if _, ok := broker.watch.delivered(broker.Key("orders")); ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the new watch was not synced")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

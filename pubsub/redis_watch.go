@@ -661,12 +661,18 @@ func (s *shard) check(keys []string) {
 	const batch = 500
 	for len(keys) > 0 {
 		n := min(batch, len(keys))
-		s.checkBatch(keys[:n])
+		if again := s.checkBatch(keys[:n]); len(again) > 0 {
+			// the library was missing and is loaded now: these channels
+			// are not left unsynced until the next full check
+			s.checkBatch(again)
+		}
 		keys = keys[n:]
 	}
 }
 
-func (s *shard) checkBatch(keys []string) {
+// checkBatch syncs the heads of keys; it returns the keys to check again
+// because Redis did not have the library yet (it has been loaded).
+func (s *shard) checkBatch(keys []string) (again []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	pipe := s.client.Pipeline()
@@ -688,8 +694,12 @@ func (s *shard) checkBatch(keys []string) {
 			s.w.b.useScripts(err)
 			continue
 		case isFunctionMissing(err):
-			if lerr := s.w.b.loadFunctions(ctx, keys[i]); functionsForbidden(lerr) {
+			lerr := s.w.b.loadFunctions(ctx, keys[i])
+			if functionsForbidden(lerr) {
 				s.w.b.useScripts(lerr)
+			}
+			if lerr == nil || functionsForbidden(lerr) {
+				again = append(again, keys[i])
 			}
 			continue
 		case isMoved(err):
@@ -710,6 +720,7 @@ func (s *shard) checkBatch(keys []string) {
 	if len(moved) > 0 {
 		s.moveAway()
 	}
+	return again
 }
 
 func isTimeout(err error) bool {
