@@ -3,6 +3,7 @@ package pubsub
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -140,4 +141,104 @@ func TestRedisIdempotencyAcrossInstances(t *testing.T) {
 	if _, replayed, err := b.Do(ctx, "k2", "fp", publish); err != nil || replayed {
 		t.Fatalf("retry after a failure: replayed %v %v", replayed, err)
 	}
+}
+
+// A hub's throttles answer from memory once they have read the internal
+// channel's announcements: a throttle set on one instance reaches the
+// others through it (also after their pub/sub connections were killed), an
+// instance started later reads it from the history, and looking a client
+// up costs no Redis call.
+func TestRedisThrottlesFollowAnnouncements(t *testing.T) {
+	srv := redistest.Start(t)
+	newHub := func() *RedisThrottles {
+		hub, err := NewRedisHub(RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: 500 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = hub.Close() })
+		return hub.Throttles().(*RedisThrottles)
+	}
+	ctx := context.Background()
+	a, b := newHub(), newHub()
+	if left, err := b.Remaining(ctx, "user|1.2.3.4"); left != 0 || err != nil {
+		t.Fatalf("nobody is throttled yet: %v %v", left, err)
+	}
+	waitLoaded(t, b)
+	srv.WaitShardSubscribers(t, b.b.Key(throttleChannel), 1)
+
+	if err := a.Throttle(ctx, "user|1.2.3.4", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	waitThrottled(t, b, "user|1.2.3.4")
+
+	pttl := func() string { return commandCalls(srv.MustCLI("INFO", "commandstats"), "cmdstat_pttl") }
+	before := pttl()
+	for range 100 {
+		if left, _ := b.Remaining(ctx, "someone|5.6.7.8"); left != 0 {
+			t.Fatalf("an unthrottled key has %v left", left)
+		}
+	}
+	if after := pttl(); after != before {
+		t.Fatalf("looking clients up called Redis: PTTL %q → %q", before, after)
+	}
+
+	// an instance started later reads the throttle from the history
+	c := newHub()
+	_, _ = c.Remaining(ctx, "x")
+	waitLoaded(t, c)
+	if left, _ := c.Remaining(ctx, "user|1.2.3.4"); left < 50*time.Second || left > time.Minute {
+		t.Fatalf("an instance started later: %v left, want about a minute", left)
+	}
+
+	// announcements missed while the pub/sub connections were down are
+	// repaired from the channel's stream
+	srv.MustCLI("CLIENT", "KILL", "TYPE", "pubsub")
+	if err := a.Throttle(ctx, "other|1.2.3.4", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	waitThrottled(t, b, "other|1.2.3.4")
+	waitThrottled(t, c, "other|1.2.3.4")
+}
+
+func waitLoaded(t *testing.T, r *RedisThrottles) {
+	t.Helper()
+	deadline := time.Now().Add(redisWait)
+	for {
+		r.mu.Lock()
+		loaded := r.loaded
+		r.mu.Unlock()
+		if loaded {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the throttle announcements were not loaded")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func waitThrottled(t *testing.T, r *RedisThrottles, key string) {
+	t.Helper()
+	deadline := time.Now().Add(redisWait)
+	for {
+		left, err := r.Remaining(context.Background(), key)
+		if err == nil && left > 50*time.Second && left <= time.Minute {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v left (%v), want about a minute", key, left, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// commandCalls returns the calls= field of a command's INFO commandstats
+// line.
+func commandCalls(info, stat string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if strings.HasPrefix(line, stat+":") {
+			return strings.SplitN(strings.TrimPrefix(strings.TrimSpace(line), stat+":"), ",", 2)[0]
+		}
+	}
+	return ""
 }

@@ -23,10 +23,12 @@ func NewRedisHub(opts RedisOptions) (*Hub, error) {
 	}
 	leases := NewRedisLeases(broker)
 	broker.onClose = append(broker.onClose, leases.Close)
+	throttles := NewRedisThrottles(broker)
+	throttles.follow(hub)
 	for _, opt := range []HubOption{
 		WithName("redis " + strings.Join(broker.opts.Addrs, ",") + " " + broker.opts.Prefix),
 		WithLeases(leases),
-		WithThrottles(NewRedisThrottles(broker)),
+		WithThrottles(throttles),
 		WithIdempotency(NewRedisIdempotency(broker)),
 	} {
 		opt(hub)

@@ -1,21 +1,60 @@
 package pubsub
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-sse/caddy-sse/replay"
 )
 
 // RedisThrottles keep throttled clients in Redis, so that a slow client is
 // refused by every instance: the key "<prefix>throttle:{<key>}" exists
 // while it is refused.
+//
+// Looking the key up would cost every new stream a Redis round trip for a
+// refusal that almost never applies. A hub's throttles therefore also
+// announce each throttle on an internal channel that every instance
+// watches (follow); once an instance has read that channel's history, it
+// answers from what it was told, in memory. The channel has the guarantees
+// of any other: in order, gaps repaired from its stream after a lost
+// notification or a reconnect.
 type RedisThrottles struct {
 	b *Redis
+
+	hub    *Hub // set by follow
+	start  sync.Once
+	mu     sync.Mutex
+	known  *MemoryThrottles // what this instance was told
+	loaded bool             // known holds the history: Remaining needs no Redis
+	stop   chan struct{}
 }
 
+// throttleChannel is the internal channel of throttle announcements. A
+// comma cannot be part of a stream's channel name, so no stream can read it
+// and no publish request can write it.
+const throttleChannel = "sse,throttles"
+
+// throttleHistory bounds the announcements kept: as many as an instance
+// keeps throttles, for as long as any lasts at most.
+var throttleHistory = replay.Limits{Count: maxThrottles, MaxAge: 24 * time.Hour, MaxBytes: 32 << 20}
+
 // NewRedisThrottles returns throttles in b's Redis.
-func NewRedisThrottles(b *Redis) *RedisThrottles { return &RedisThrottles{b: b} }
+func NewRedisThrottles(b *Redis) *RedisThrottles {
+	return &RedisThrottles{b: b, known: NewMemoryThrottles(), stop: make(chan struct{})}
+}
+
+// follow makes the throttles answer from memory once they have read the
+// announcements of hub's internal channel. Nothing starts before the first
+// use: a configuration that is only validated does not connect.
+func (r *RedisThrottles) follow(hub *Hub) {
+	r.hub = hub
+	r.b.onClose = append(r.b.onClose, func() { close(r.stop) })
+}
 
 // throttleAtLeast sets the key's expiry to d unless it already lasts longer.
 var throttleAtLeast = redis.NewScript(`
@@ -26,14 +65,41 @@ return 1`)
 
 func (r *RedisThrottles) key(k string) string { return r.b.opts.Prefix + "throttle:{" + k + "}" }
 
+// announcement is the data of a throttle's event on the internal channel:
+// the key is refused for ms from the event's time (Redis' clock).
+type announcement struct {
+	Key string `json:"k"`
+	MS  int64  `json:"ms"`
+}
+
 // Throttle refuses key for d from now on every instance.
 func (r *RedisThrottles) Throttle(ctx context.Context, key string, d time.Duration) error {
 	ms := max(d.Milliseconds(), 1)
-	return r.b.classify(throttleAtLeast.Run(ctx, r.b.client, []string{r.key(key)}, ms).Err())
+	_ = r.known.Throttle(ctx, key, d) // this instance refuses it at once
+	if err := r.b.classify(throttleAtLeast.Run(ctx, r.b.client, []string{r.key(key)}, ms).Err()); err != nil {
+		return err
+	}
+	if r.hub == nil {
+		return nil
+	}
+	r.following()
+	data, _ := json.Marshal(announcement{Key: key, MS: ms})
+	_, err := r.hub.Publish(ctx, throttleChannel, Message{Type: "throttle", Data: data}, throttleHistory)
+	return err
 }
 
-// Remaining returns how long key is still refused.
+// Remaining returns how long key is still refused: from memory once the
+// announcements are loaded, from Redis until then.
 func (r *RedisThrottles) Remaining(ctx context.Context, key string) (time.Duration, error) {
+	if r.hub != nil {
+		r.following()
+		r.mu.Lock()
+		loaded := r.loaded
+		r.mu.Unlock()
+		if loaded {
+			return r.known.Remaining(ctx, key)
+		}
+	}
 	left, err := r.b.client.PTTL(ctx, r.key(key)).Result()
 	if err != nil {
 		return 0, r.b.classify(err)
@@ -44,5 +110,84 @@ func (r *RedisThrottles) Remaining(ctx context.Context, key string) (time.Durati
 	return left, nil
 }
 
+// following starts watching the internal channel, once: subscribe first,
+// then read its history (what arrives twice is applied twice, harmlessly).
+func (r *RedisThrottles) following() {
+	r.start.Do(func() {
+		r.hub.Subscribe(r, []string{throttleChannel}) // for the hub's life
+		go r.load()
+	})
+}
+
+// load reads the announcements kept in Redis, retrying while Redis cannot
+// be reached, until they are all known or the broker closes.
+func (r *RedisThrottles) load() {
+	wait := 100 * time.Millisecond
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		// a position of no epoch: the read is truncated to the newest events
+		page, err := r.hub.Read(ctx, throttleChannel, &replay.Position{}, throttleHistory.Count)
+		cancel()
+		if err == nil {
+			for _, ev := range page.Events {
+				r.apply(ev)
+			}
+			r.mu.Lock()
+			r.loaded = true
+			r.mu.Unlock()
+			return
+		}
+		select {
+		case <-r.stop:
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
+}
+
+// Deliver receives the announcements of every instance.
+func (r *RedisThrottles) Deliver(_ int, ev *replay.Event) { r.apply(ev) }
+
+// apply remembers an announced throttle for what is left of it.
+func (r *RedisThrottles) apply(ev *replay.Event) {
+	data, ok := frameData(ev.Frame)
+	if !ok {
+		return
+	}
+	var a announcement
+	if json.Unmarshal(data, &a) != nil || a.Key == "" {
+		return
+	}
+	until := time.UnixMilli(ev.Pos.Time + a.MS)
+	if ev.Local || ev.Pos.Time == 0 {
+		until = time.Now().Add(time.Duration(a.MS) * time.Millisecond)
+	}
+	if left := time.Until(until); left > 0 {
+		_ = r.known.Throttle(context.Background(), a.Key, left)
+	}
+}
+
+// frameData returns the data of a one-line event frame.
+func frameData(frame []byte) ([]byte, bool) {
+	const field = "data: "
+	i := bytes.Index(frame, []byte("\n"+field))
+	if i < 0 {
+		if !bytes.HasPrefix(frame, []byte(field)) {
+			return nil, false
+		}
+		i = -1
+	}
+	rest := frame[i+1+len(field):]
+	end := bytes.IndexByte(rest, '\n')
+	if end < 0 {
+		return nil, false
+	}
+	return rest[:end], true
+}
+
 // Interface guards
-var _ Throttles = (*RedisThrottles)(nil)
+var (
+	_ Throttles  = (*RedisThrottles)(nil)
+	_ Subscriber = (*RedisThrottles)(nil)
+)

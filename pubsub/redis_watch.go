@@ -112,11 +112,16 @@ func (w *watcher) delivered(key string) (replay.Position, bool) {
 	return wt.last, wt.known
 }
 
-// count returns how many channels are watched.
+// count returns how many channels of streams are watched (not the
+// internal channel of throttles).
 func (w *watcher) count() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return len(w.byKey)
+	n := len(w.byKey)
+	if _, ok := w.byKey[w.b.Key(throttleChannel)]; ok {
+		n--
+	}
+	return n
 }
 
 func (w *watcher) lookup(key string) *watch {
