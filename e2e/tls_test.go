@@ -195,6 +195,40 @@ func TestTLSHTTP1SlowClient(t *testing.T) {
 	}
 }
 
+// TestTLSHTTP1Heartbeat: an idle TLS HTTP/1.1 stream gets heartbeats (the
+// takeover writer writes them from a goroutine of their own).
+func TestTLSHTTP1Heartbeat(t *testing.T) {
+	_, port := tlsServer(t, "heartbeat 200ms")
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	config := &tls.Config{InsecureSkipVerify: true, ServerName: "localhost", NextProtos: []string{"http/1.1"}}
+	var conn *tls.Conn
+	deadline := time.Now().Add(waitFor)
+	for {
+		var err error
+		if conn, err = tls.Dial("tcp", addr, config); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond) // the certificate may not be ready yet
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	_ = conn.SetDeadline(deadline)
+	fmt.Fprintf(conn, "GET /events?channels=news HTTP/1.1\r\nHost: localhost\r\nAccept: text/event-stream\r\n\r\n")
+	r := bufio.NewReader(conn)
+	beats := 0
+	for beats < 3 {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("after %d heartbeats: %v", beats, err)
+		}
+		if strings.Contains(line, ": heartbeat") {
+			beats++
+		}
+	}
+}
+
 // openStalledTLSStream opens a stream with a 4 KiB receive buffer, reads
 // its response head and then nothing more.
 func openStalledTLSStream(t *testing.T, addr string, config *tls.Config, path string) net.Conn {
