@@ -38,11 +38,13 @@ const (
 // goes on writing chunks, detects the client leaving, never blocks, and
 // ends the stream. It is no longer in Caddy's response pipeline, so the
 // module counts, closes and logs it itself (the access log records the
-// hand-off).
+// hand-off). A TLS stream keeps its tls.Conn: the loop only watches the
+// socket, and each batch is encrypted and written by a goroutine that lives
+// for that write.
 
 // takeOver hands a started stream to the takeover writer if the handler
-// uses it and the request allows it: cleartext HTTP/1.1. It reports whether
-// it did; if not, the stream goes on on net/http.
+// uses it and the request allows it: HTTP/1.1, cleartext or TLS. It reports
+// whether it did; if not, the stream goes on on net/http.
 func (h *Handler) takeOver(w http.ResponseWriter, r *http.Request, s *stream) bool {
 	if h.loops == nil || r.ProtoMajor != 1 || r.ProtoMinor != 1 || s.closing.Load() != nil {
 		return false
