@@ -78,6 +78,7 @@ type stream struct {
 	overflowSince atomic.Int64                  // Unix nanoseconds the queue overflowed; 0 if it has not
 	closing       atomic.Pointer[closeNotice]
 	tk            atomic.Pointer[tconn] // set once an event loop writes it (takeover)
+	ownStacks     bool                  // its steps run on goroutines of their own (stack.go)
 	idText        *string               // the client's cursor, kept while degraded
 
 	who    client // who opened it, for caps, throttles and logs
@@ -199,11 +200,11 @@ func (s *stream) run(ctx context.Context) error {
 			return nil
 		}
 		if n := s.closing.Load(); n != nil {
-			return s.writeClosing(n)
+			return s.onOwnStack(func() error { return s.writeClosing(n) })
 		}
-		if err := s.drain(ctx); err != nil {
+		if err := s.onOwnStack(func() error { return s.drain(ctx) }); err != nil {
 			if errors.Is(err, errClosing) {
-				return s.writeClosing(s.closing.Load())
+				return s.onOwnStack(func() error { return s.writeClosing(s.closing.Load()) })
 			}
 			return err
 		}

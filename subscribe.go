@@ -20,29 +20,58 @@ import (
 // subscribe serves a GET or HEAD: checks the request (SPEC S2), replays
 // what the client's cursor missed (S5) and streams live events until the
 // client leaves or the server closes.
+//
+// The checks run in openStream, whose frame is gone before the stream is
+// written: what stays on this goroutine's stack for the stream's life (on
+// net/http and HTTP/2) is kept small, so that the stack is not grown from
+// 8 to 16 KiB for it.
 func (h *Handler) subscribe(w http.ResponseWriter, r *http.Request) error {
+	var s *stream
+	var start startingPoint
+	var err error
+	onOwnStackIf(keepsHandlerGoroutine(r), func() { s, start, err = h.openStream(w, r) })
+	if s == nil {
+		return err
+	}
+	handedOff := false
+	defer func() {
+		if !handedOff {
+			s.release()
+		}
+	}()
+	// the stream ends, and releases what it holds, on its own once taken
+	// over
+	handedOff = h.serveStream(w, r, s, start)
+	return nil // the response has begun: an error here could not be sent
+}
+
+// openStream checks and admits a subscription, subscribes it, finds its
+// starting point and writes its headers. It returns no stream if the
+// request was answered already (refused, or a HEAD), with the error to
+// return.
+func (h *Handler) openStream(w http.ResponseWriter, r *http.Request) (*stream, startingPoint, error) {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	principal, rej := h.resolvePrincipal(r, repl)
 	if rej != nil {
-		return h.reject(w, r, rej, 0)
+		return nil, startingPoint{}, h.reject(w, r, rej, 0)
 	}
 	names, rej := h.resolveChannels(r, repl)
 	if rej != nil {
-		return h.reject(w, r, rej, 0)
+		return nil, startingPoint{}, h.reject(w, r, rej, 0)
 	}
 	repl.Set("http.sse.channels", strings.Join(names, ","))
 	repl.Set("http.sse.principal", principal)
 	who := client{principal: principal, ip: clientIP(r)}
 	adm, rej, retryAfter := h.admit(r.Context(), who)
 	if rej != nil {
-		return h.reject(w, r, rej, retryAfter)
+		return nil, startingPoint{}, h.reject(w, r, rej, retryAfter)
 	}
 	s := newStream(h, names)
 	s.who, s.remote = who, r.RemoteAddr
 	s.adm = adm
-	handedOff := false
+	opened := false
 	defer func() {
-		if !handedOff {
+		if !opened {
 			s.release()
 		}
 	}()
@@ -56,18 +85,18 @@ func (h *Handler) subscribe(w http.ResponseWriter, r *http.Request) error {
 		s.degrade(lastEventID(r))
 		start = startingPoint{}
 	case err != nil:
-		return h.reject(w, r, &rejection{status: http.StatusServiceUnavailable, code: "history_unavailable", detail: err.Error()}, time.Second)
-	}
-	if r.Method == http.MethodHead {
-		s.writeHeaders(w, start.truncated)
-		return nil
+		return nil, startingPoint{}, h.reject(w, r, &rejection{status: http.StatusServiceUnavailable, code: "history_unavailable", detail: err.Error()}, time.Second)
 	}
 	s.writeHeaders(w, start.truncated)
+	if r.Method == http.MethodHead {
+		return nil, startingPoint{}, nil
+	}
 	s.out = newHTTPStreamWriter(w, r, time.Duration(h.SlowClientTimeout))
-	// the stream ends, and releases what it holds, on its own once taken
-	// over
-	handedOff = h.serveStream(w, r, s, start)
-	return nil // the response has begun: an error here could not be sent
+	if keepsHandlerGoroutine(r) {
+		s.writeOnOwnStacks()
+	}
+	opened = true
+	return s, start, nil
 }
 
 // serveStream starts the stream on net/http — headers, preamble, replay,
@@ -75,15 +104,20 @@ func (h *Handler) subscribe(w http.ResponseWriter, r *http.Request) error {
 // the takeover writer if it can, or writes it on this goroutine until it
 // ends. It reports whether it handed the stream over.
 func (h *Handler) serveStream(w http.ResponseWriter, r *http.Request, s *stream, start startingPoint) bool {
-	s.begin(lastEventID(r) != "", start)
-	err := s.open(r.Context(), start)
+	err := s.onOwnStack(func() error {
+		s.begin(lastEventID(r) != "", start)
+		return s.open(r.Context(), start)
+	})
 	if err == nil && h.takeOver(w, r, s) {
 		return true
 	}
 	if err == nil {
 		err = s.run(r.Context())
 	}
-	s.finish(r.Context(), err)
+	_ = s.onOwnStack(func() error {
+		s.finish(r.Context(), err)
+		return nil
+	})
 	return false
 }
 
@@ -95,6 +129,9 @@ func (s *stream) begin(replay bool, start startingPoint) {
 	h.metrics.streamOpened()
 	s.begun = true
 	h.metrics.replay(replay, len(start.truncated) > 0)
+	if !h.debugLog {
+		return
+	}
 	h.logger.Debug("stream opened",
 		zap.Strings("channels", s.names),
 		zap.String("principal", s.who.principal),
@@ -111,6 +148,9 @@ func (s *stream) finish(ctx context.Context, err error) {
 	h.metrics.dropped(s.takeDropped())
 	if s.endedSlow(err) {
 		h.throttleSlowClient(ctx, s, s.who, s.lasted())
+	}
+	if !h.debugLog {
+		return
 	}
 	h.logger.Debug("stream ended",
 		zap.Strings("channels", s.names),
@@ -204,6 +244,7 @@ func (s *stream) writeHeaders(w http.ResponseWriter, truncated []string) {
 // setStreamHeaders sets the headers of every stream. no-transform keeps
 // Caddy's encode (and other proxies) from compressing and buffering it.
 func setStreamHeaders(hdr http.Header) {
+	setDate(hdr, time.Now())
 	hdr.Set("Content-Type", "text/event-stream")
 	hdr.Set("Cache-Control", "no-store, no-transform")
 	hdr.Set("X-Accel-Buffering", "no")

@@ -310,3 +310,38 @@ func TestStopClosesHTTP3Streams(t *testing.T) {
 	p.signal(syscall.SIGTERM)
 	expectShutdown(t, p, streams, began)
 }
+
+// TestHTTP2StreamsDeliverInOrder: HTTP/2 streams (whose steps run on
+// goroutines of their own) get every event in order, with ids, and a
+// reconnect with the last id resumes exactly after it.
+func TestHTTP2StreamsDeliverInOrder(t *testing.T) {
+	_, port := tlsServer(t, "heartbeat 100ms")
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	var dialer net.Dialer
+	tr := &http.Transport{
+		TLSClientConfig:   &tls.Config{InsecureSkipVerify: true, ServerName: "localhost"},
+		ForceAttemptHTTP2: true,
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return dialer.DialContext(ctx, network, addr)
+		},
+	}
+	t.Cleanup(tr.CloseIdleConnections)
+	client := &http.Client{Transport: tr}
+	base := fmt.Sprintf("https://localhost:%d/events", port)
+	first := openTLSStream(t, client, base+"?channels=news", 2)
+	var want []string
+	for i := range 50 {
+		want = append(want, fmt.Sprintf("h2-%d", i))
+		publish(t, client, base, testSecret, "news", want[i])
+	}
+	deadline := time.Now().Add(waitFor)
+	if err := first.expectData(deadline, want[:25]...); err != nil {
+		t.Fatal(err)
+	}
+	lastID := first.lastEventID()
+	first.close()
+	resumed := openStream(t, client, base+"?channels=news", lastID)
+	if err := resumed.expectData(deadline, want[25:]...); err != nil {
+		t.Fatalf("resuming after %q: %v", lastID, err)
+	}
+}
