@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"reflect"
 	"testing"
 
@@ -28,7 +27,7 @@ func startCaddyWithAdmin(t *testing.T, sites string) (*testServer, string) {
 
 func getStats(t *testing.T, url string) (int, statsReply) {
 	t.Helper()
-	resp, err := http.Get(url)
+	resp, err := requestClient.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +85,7 @@ func TestAdminStats(t *testing.T) {
 			t.Errorf("top=%s: status %d, want 400", bad, status)
 		}
 	}
-	resp, err := http.Post(admin+"/sse/stats", "application/json", nil)
+	resp, err := requestClient.Post(admin+"/sse/stats", "application/json", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

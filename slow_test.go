@@ -182,10 +182,11 @@ func smallReceiveBuffer() *http.Client {
 	return &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext, DisableCompression: true}}
 }
 
-// scrape returns the text of the site's /metrics.
+// scrape returns the text of the site's /metrics. It uses a new connection
+// each time: a kept-alive one may have been closed by a reload.
 func (s *testServer) scrape() string {
 	s.t.Helper()
-	resp, err := http.Get(s.base + "/metrics")
+	resp, err := requestClient.Get(s.base + "/metrics")
 	if err != nil {
 		s.t.Fatal(err)
 	}
