@@ -38,7 +38,8 @@ func (h *Handler) readPublish(w http.ResponseWriter, r *http.Request) (*publishR
 	// a JSON string may escape each byte of the data into 6, so the body
 	// limit is looser than max_event_size; the data itself is checked after
 	limit := 6*h.MaxEventSize + bodyOverhead
-	r.Body = http.MaxBytesReader(w, r.Body, limit)
+	body := r.Body
+	r.Body = http.MaxBytesReader(w, body, limit)
 	var req *publishRequest
 	var rej *rejection
 	switch {
@@ -50,9 +51,23 @@ func (h *Handler) readPublish(w http.ResponseWriter, r *http.Request) (*publishR
 		return nil, &rejection{status: http.StatusUnsupportedMediaType, code: "unsupported_media_type", detail: "send application/json, application/x-www-form-urlencoded or multipart/form-data"}
 	}
 	if rej != nil {
+		if rej.status == http.StatusRequestEntityTooLarge {
+			drainRefused(body)
+		}
 		return nil, rej
 	}
 	return req, h.validatePublish(req)
+}
+
+// maxDrain bounds what is read of a body refused as too large.
+const maxDrain = 8 << 20
+
+// drainRefused reads what is left of a body refused as too large (up to
+// maxDrain), so that the client, still sending it, gets the 413: net/http
+// closes the connection without reading the rest, and closing a socket
+// with unread data resets it, which the client may see before the answer.
+func drainRefused(body io.Reader) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(body, maxDrain))
 }
 
 // readError tells a body over the limit apart from other read errors.

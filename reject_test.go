@@ -181,6 +181,9 @@ func TestPublishRejections(t *testing.T) {
 		{"lone surrogate", jsonHdr, `{"channel":"a","data":"\ud800"}`, 400, "data_invalid"},
 		{"too large", jsonHdr, `{"channel":"a","data":"` + strings.Repeat("x", 1025) + `"}`, 413, "event_too_large"},
 		{"far too large", jsonHdr, `{"channel":"a","data":"` + strings.Repeat("x", 200<<10) + `"}`, 413, "event_too_large"},
+		// the client is still sending when the server refuses: it must get the
+		// 413, not a reset connection
+		{"megabytes too large", jsonHdr, `{"channel":"a","data":"` + strings.Repeat("x", 3<<20) + `"}`, 413, "event_too_large"},
 		{"no content type", header("Authorization", "Bearer "+testSecret), `{"channel":"a"}`, 415, "unsupported_media_type"},
 		{"form not utf-8", header("Content-Type", "application/x-www-form-urlencoded", "Authorization", "Bearer "+testSecret), "channel=a&data=%FF", 400, "data_invalid"},
 	}
