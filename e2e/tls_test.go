@@ -51,6 +51,27 @@ https://localhost:%d {
 	return p, port
 }
 
+// tlsClient returns a client of the TLS site on port (127.0.0.1, named
+// localhost, its certificate not checked) and the site's stream URL: HTTP/2
+// if h2, else HTTP/1.1 only.
+func tlsClient(t *testing.T, port int, h2 bool) (*http.Client, string) {
+	t.Helper()
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	var dialer net.Dialer
+	tr := &http.Transport{
+		TLSClientConfig:   &tls.Config{InsecureSkipVerify: true, ServerName: "localhost"},
+		ForceAttemptHTTP2: h2,
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return dialer.DialContext(ctx, network, addr)
+		},
+	}
+	if !h2 {
+		tr.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+	}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr}, fmt.Sprintf("https://localhost:%d/events", port)
+}
+
 // openTLSStream opens a stream, retrying while the server may still be
 // getting its certificate, and checks the protocol it was served with.
 func openTLSStream(t *testing.T, client *http.Client, url string, protoMajor int) *sseConn {
@@ -78,18 +99,7 @@ func openTLSStream(t *testing.T, client *http.Client, url string, protoMajor int
 // server waits for open streams in its graceful shutdown).
 func TestStopClosesHTTP2Streams(t *testing.T) {
 	p, port := tlsServer(t)
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	var dialer net.Dialer
-	tr := &http.Transport{
-		TLSClientConfig:   &tls.Config{InsecureSkipVerify: true, ServerName: "localhost"},
-		ForceAttemptHTTP2: true,
-		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return dialer.DialContext(ctx, network, addr)
-		},
-	}
-	t.Cleanup(tr.CloseIdleConnections)
-	client := &http.Client{Transport: tr}
-	base := fmt.Sprintf("https://localhost:%d/events", port)
+	client, base := tlsClient(t, port, true)
 
 	streams := []*sseConn{
 		openTLSStream(t, client, base+"?channels=news", 2),
@@ -110,18 +120,7 @@ func TestStopClosesHTTP2Streams(t *testing.T) {
 // others are told server_closing and the process exits promptly.
 func TestTLSHTTP1Streams(t *testing.T) {
 	p, port := tlsServer(t)
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	var dialer net.Dialer
-	tr := &http.Transport{
-		TLSClientConfig: &tls.Config{InsecureSkipVerify: true, ServerName: "localhost"},
-		TLSNextProto:    map[string]func(string, *tls.Conn) http.RoundTripper{}, // HTTP/1.1 only
-		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return dialer.DialContext(ctx, network, addr)
-		},
-	}
-	t.Cleanup(tr.CloseIdleConnections)
-	client := &http.Client{Transport: tr}
-	base := fmt.Sprintf("https://localhost:%d/events", port)
+	client, base := tlsClient(t, port, false)
 
 	leaving := openTLSStream(t, client, base+"?channels=news", 1)
 	streams := []*sseConn{
@@ -153,17 +152,7 @@ func TestTLSHTTP1SlowClient(t *testing.T) {
 	p, port := tlsServer(t, "slow_client_timeout 1s", "throttle 30s")
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	tlsConfig := &tls.Config{InsecureSkipVerify: true, ServerName: "localhost", NextProtos: []string{"http/1.1"}}
-	var dialer net.Dialer
-	tr := &http.Transport{
-		TLSClientConfig: tlsConfig,
-		TLSNextProto:    map[string]func(string, *tls.Conn) http.RoundTripper{},
-		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return dialer.DialContext(ctx, network, addr)
-		},
-	}
-	t.Cleanup(tr.CloseIdleConnections)
-	client := &http.Client{Transport: tr}
-	base := fmt.Sprintf("https://localhost:%d/events", port)
+	client, base := tlsClient(t, port, false)
 	healthy := openTLSStream(t, client, base+"?channels=news", 1)
 
 	stalled := openStalledTLSStream(t, addr, tlsConfig, "/events?channels=news")
@@ -316,18 +305,7 @@ func TestStopClosesHTTP3Streams(t *testing.T) {
 // reconnect with the last id resumes exactly after it.
 func TestHTTP2StreamsDeliverInOrder(t *testing.T) {
 	_, port := tlsServer(t, "heartbeat 100ms")
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	var dialer net.Dialer
-	tr := &http.Transport{
-		TLSClientConfig:   &tls.Config{InsecureSkipVerify: true, ServerName: "localhost"},
-		ForceAttemptHTTP2: true,
-		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return dialer.DialContext(ctx, network, addr)
-		},
-	}
-	t.Cleanup(tr.CloseIdleConnections)
-	client := &http.Client{Transport: tr}
-	base := fmt.Sprintf("https://localhost:%d/events", port)
+	client, base := tlsClient(t, port, true)
 	first := openTLSStream(t, client, base+"?channels=news", 2)
 	var want []string
 	for i := range 50 {
