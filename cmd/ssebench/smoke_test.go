@@ -79,26 +79,39 @@ func (f *fakeSSE) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func (f *fakeSSE) publish(w http.ResponseWriter, r *http.Request) {
+// smokePublish is a publish request as the test servers take it.
+type smokePublish struct {
+	Channel string          `json:"channel"`
+	Event   string          `json:"event"`
+	Data    json.RawMessage `json:"data"`
+}
+
+// readSmokePublish checks the secret and decodes a publish request, with
+// its data compacted; false once it has answered with an error.
+func readSmokePublish(w http.ResponseWriter, r *http.Request) (smokePublish, []byte, bool) {
+	var body smokePublish
 	if r.Header.Get("Authorization") != "Bearer smoke" {
 		http.Error(w, `{"error":"unauthorized"}`, http.StatusUnauthorized)
-		return
-	}
-	var body struct {
-		Channel string          `json:"channel"`
-		Event   string          `json:"event"`
-		Data    json.RawMessage `json:"data"`
+		return body, nil, false
 	}
 	if err := json.NewDecoder(r.Body).Decode(&body); err != nil || body.Channel == "" {
 		http.Error(w, `{"error":"json_invalid"}`, http.StatusBadRequest)
-		return
+		return body, nil, false
 	}
 	var data bytes.Buffer
 	_ = json.Compact(&data, body.Data)
+	return body, data.Bytes(), true
+}
+
+func (f *fakeSSE) publish(w http.ResponseWriter, r *http.Request) {
+	body, data, ok := readSmokePublish(w, r)
+	if !ok {
+		return
+	}
 	f.mu.Lock()
 	seq := len(f.log[body.Channel]) + 1
 	id := fmt.Sprintf("%s:%d", body.Channel, seq)
-	frame := []byte(fmt.Sprintf("event: %s\ndata: %s\nid: %s\n\n", body.Event, data.Bytes(), id))
+	frame := []byte(fmt.Sprintf("event: %s\ndata: %s\nid: %s\n\n", body.Event, data, id))
 	f.log[body.Channel] = append(f.log[body.Channel], frame)
 	for s := range f.subs {
 		if s.channel == body.Channel {
@@ -319,22 +332,11 @@ func runFakeRedisServer(addr, redisURL string) error {
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.Method {
 		case http.MethodPost:
-			if r.Header.Get("Authorization") != "Bearer smoke" {
-				http.Error(w, `{"error":"unauthorized"}`, http.StatusUnauthorized)
+			body, data, ok := readSmokePublish(w, r)
+			if !ok {
 				return
 			}
-			var body struct {
-				Channel string          `json:"channel"`
-				Event   string          `json:"event"`
-				Data    json.RawMessage `json:"data"`
-			}
-			if err := json.NewDecoder(r.Body).Decode(&body); err != nil || body.Channel == "" {
-				http.Error(w, `{"error":"json_invalid"}`, http.StatusBadRequest)
-				return
-			}
-			var data bytes.Buffer
-			_ = json.Compact(&data, body.Data)
-			if err := pub.publish(r.Context(), body.Channel, body.Event, data.Bytes(), ""); err != nil {
+			if err := pub.publish(r.Context(), body.Channel, body.Event, data, ""); err != nil {
 				http.Error(w, `{"error":"publish_failed"}`, http.StatusServiceUnavailable)
 				return
 			}
