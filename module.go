@@ -18,7 +18,6 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/caddy-sse/caddy-sse/pubsub"
 	"github.com/caddy-sse/caddy-sse/replay"
@@ -200,13 +199,8 @@ type Handler struct {
 	Publish *PublishConfig `json:"publish,omitempty"`
 
 	logger *zap.Logger
-	// debugLog tells whether debug logs are wanted, asked once: a zap call
-	// per stream start grows the request goroutine's stack (zap's check has
-	// a large frame), which a goroutine that stays for the stream's life —
-	// on net/http and HTTP/2 — then keeps.
-	debugLog bool
-	hub      *pubsub.Hub
-	loops    *loopSet // the takeover writer's event loops, if used
+	hub    *pubsub.Hub
+	loops  *loopSet // the takeover writer's event loops, if used
 
 	channelTemplates  []template
 	principalTemplate template
@@ -240,7 +234,6 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // reference to the shared hub. It touches no network.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	h.debugLog = h.logger.Core().Enabled(zapcore.DebugLevel)
 	h.applyDefaults()
 	if err := h.provisionSecret(); err != nil {
 		return err

@@ -129,9 +129,6 @@ func (s *stream) begin(replay bool, start startingPoint) {
 	h.metrics.streamOpened()
 	s.begun = true
 	h.metrics.replay(replay, len(start.truncated) > 0)
-	if !h.debugLog {
-		return
-	}
 	h.logger.Debug("stream opened",
 		zap.Strings("channels", s.names),
 		zap.String("principal", s.who.principal),
@@ -148,9 +145,6 @@ func (s *stream) finish(ctx context.Context, err error) {
 	h.metrics.dropped(s.takeDropped())
 	if s.endedSlow(err) {
 		h.throttleSlowClient(ctx, s, s.who, s.lasted())
-	}
-	if !h.debugLog {
-		return
 	}
 	h.logger.Debug("stream ended",
 		zap.Strings("channels", s.names),
@@ -244,7 +238,6 @@ func (s *stream) writeHeaders(w http.ResponseWriter, truncated []string) {
 // setStreamHeaders sets the headers of every stream. no-transform keeps
 // Caddy's encode (and other proxies) from compressing and buffering it.
 func setStreamHeaders(hdr http.Header) {
-	setDate(hdr, time.Now())
 	hdr.Set("Content-Type", "text/event-stream")
 	hdr.Set("Cache-Control", "no-store, no-transform")
 	hdr.Set("X-Accel-Buffering", "no")
