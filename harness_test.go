@@ -153,9 +153,20 @@ func (s *testServer) post(path, contentType string, body []byte, header http.Hea
 	for k, v := range header {
 		req.Header[k] = v
 	}
-	resp, err := requestClient.Do(req)
-	if err != nil {
-		s.t.Fatal(err)
+	// Caddy reloads with SO_REUSEPORT: a connection queued on the old
+	// listening socket when it closes is reset before its request is read.
+	// Such a failure (no response at all) is retried, as a backend would.
+	var resp *http.Response
+	for attempt := 1; ; attempt++ {
+		resp, err = requestClient.Do(req)
+		if err == nil {
+			break
+		}
+		if attempt == 5 {
+			s.t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+		req.Body, _ = req.GetBody()
 	}
 	defer resp.Body.Close()
 	reply, _ := io.ReadAll(resp.Body)
