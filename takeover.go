@@ -62,14 +62,14 @@ func (h *Handler) takeOver(w http.ResponseWriter, r *http.Request, s *stream) bo
 		conn = h.adoptTLS(s, conn)
 	} else if raw := innerConn[*net.TCPConn](conn); raw != nil {
 		conn = raw
-		if h.loops.adopt(s, raw) {
+		if h.loops.adopt(s, raw, nil) {
 			conn = nil
 		}
 	}
 	if conn != nil {
-		cw := &connWriter{conn: conn, timeout: time.Duration(h.SlowClientTimeout)}
+		cw := &connWriter{to: connSink{conn}, timeout: time.Duration(h.SlowClientTimeout)}
 		s.out = cw
-		go s.serveHijacked(cw)
+		go s.serveHijacked(conn, cw)
 	}
 	return true
 }
@@ -83,7 +83,7 @@ func (h *Handler) adoptTLS(s *stream, conn net.Conn) net.Conn {
 		return conn
 	}
 	raw := innerConn[*net.TCPConn](tc.NetConn())
-	if raw == nil || !h.loops.adoptTLS(s, tc, raw) {
+	if raw == nil || !h.loops.adopt(s, raw, tc) {
 		return tc
 	}
 	return nil
@@ -91,14 +91,14 @@ func (h *Handler) adoptTLS(s *stream, conn net.Conn) net.Conn {
 
 // endConn ends a taken-over stream on the calling goroutine: its last
 // words, the end of the chunked body, and the connection.
-func (s *stream) endConn(cw *connWriter, err error) {
+func (s *stream) endConn(conn net.Conn, cw *connWriter, err error) {
 	if n := s.closing.Load(); n != nil && err == nil {
 		err = s.writeClosing(n)
 	}
 	if err == nil {
 		err = cw.end()
 	}
-	_ = cw.conn.Close()
+	_ = conn.Close()
 	s.finish(context.Background(), err)
 	s.release()
 }
@@ -106,17 +106,17 @@ func (s *stream) endConn(cw *connWriter, err error) {
 // serveHijacked serves a taken-over stream whose connection the event loop
 // cannot watch (not a plain TCP connection, e.g. behind a listener
 // wrapper): a goroutine writes it, another notices the client leaving.
-func (s *stream) serveHijacked(cw *connWriter) {
+func (s *stream) serveHijacked(conn net.Conn, cw *connWriter) {
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
-		_, _ = io.Copy(io.Discard, cw.conn)
+		_, _ = io.Copy(io.Discard, conn)
 		cancel()
 	}()
 	err := s.run(ctx)
 	if ctx.Err() != nil {
 		err = errors.Join(err, errClientGone)
 	}
-	s.endConn(cw, err)
+	s.endConn(conn, cw, err)
 	cancel()
 }
 
@@ -149,11 +149,11 @@ func innerConn[T net.Conn](c net.Conn) T {
 }
 
 // connWriter writes a taken-over stream with blocking writes in HTTP/1.1
-// chunked encoding, each flush bounded by the slow-client timeout. It is
-// used to start the stream and, later, whenever the stream needs a
-// goroutine of its own (reading the history).
+// chunked encoding, each flush bounded by the slow-client timeout: on a
+// goroutine of its own, whenever the stream needs one (a connection the
+// event loop cannot watch, a TLS stream's writes, reading the history).
 type connWriter struct {
-	conn    net.Conn
+	to      sink
 	timeout time.Duration
 	framed  []byte // bytes already in chunks, sent before the next chunk
 	body    []byte // the next chunk's data
@@ -188,20 +188,30 @@ func (cw *connWriter) sendAll(tail []byte, timeout time.Duration) error {
 	if len(out) == 0 {
 		return nil
 	}
-	err := cw.send(out, timeout)
+	err := cw.to.writeBy(out, time.Now().Add(timeout))
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		err = errors.Join(errSlowWrite, err)
+	}
 	if cap(cw.body) > 1<<20 {
 		cw.body = nil // a replay's buffer is not kept for the stream's life
 	}
 	return err
 }
 
-func (cw *connWriter) send(p []byte, timeout time.Duration) error {
-	_ = cw.conn.SetWriteDeadline(time.Now().Add(timeout))
-	_, err := cw.conn.Write(p)
-	_ = cw.conn.SetWriteDeadline(time.Time{})
-	if errors.Is(err, os.ErrDeadlineExceeded) {
-		return errors.Join(errSlowWrite, err)
-	}
+// sink is where a connWriter's bytes go: a connection, or a socket the
+// event loop holds (Linux).
+type sink interface {
+	// writeBy writes all of p, or fails once deadline has passed.
+	writeBy(p []byte, deadline time.Time) error
+}
+
+// connSink writes to a connection, through Go's poller.
+type connSink struct{ net.Conn }
+
+func (c connSink) writeBy(p []byte, deadline time.Time) error {
+	_ = c.SetWriteDeadline(deadline)
+	_, err := c.Write(p)
+	_ = c.SetWriteDeadline(time.Time{})
 	return err
 }
 

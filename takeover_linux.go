@@ -49,35 +49,24 @@ func (ls *loopSet) running() []*pollLoop {
 	return ls.loops
 }
 
-// adopt gives a taken-over cleartext stream to a loop; false if there is
-// no loop to take it (it then keeps a goroutine).
-func (ls *loopSet) adopt(s *stream, tcp *net.TCPConn) bool {
+// adopt gives a taken-over stream to a loop; false if there is no loop to
+// take it (it then keeps a goroutine). A cleartext stream's socket is
+// detached from Go and written by the loop. A TLS stream (tc) keeps its
+// connection: the loop watches the socket for the client leaving, and
+// writes go through tc on a goroutine started for each batch. The loop uses
+// that socket's own descriptor, not a duplicate (a process may open few
+// files); Go keeps it open until the loop closes tc's socket (closeConn),
+// after removing it from its epoll set.
+func (ls *loopSet) adopt(s *stream, tcp *net.TCPConn, tc *tls.Conn) bool {
 	l := ls.leastBusy()
 	if l == nil {
 		return false
 	}
-	fd, err := detach(tcp)
-	if err != nil {
-		return false
+	grab := detach
+	if tc != nil {
+		grab = socketFD
 	}
-	l.adopt(s, &tconn{loop: l, fd: fd})
-	return true
-}
-
-// adoptTLS gives a taken-over TLS stream to a loop, which watches its
-// socket for the client leaving; writes go through tc on a goroutine
-// started for each batch. False if there is no loop to take it.
-//
-// The loop uses the socket's own descriptor, not a duplicate: a process
-// may open few files, and a TLS stream would otherwise take two. Go keeps
-// the descriptor open until the loop closes tc's socket (closeConn), after
-// it has removed the descriptor from its epoll set.
-func (ls *loopSet) adoptTLS(s *stream, tc *tls.Conn, tcp *net.TCPConn) bool {
-	l := ls.leastBusy()
-	if l == nil {
-		return false
-	}
-	fd, err := socketFD(tcp)
+	fd, err := grab(tcp)
 	if err != nil {
 		return false
 	}
@@ -150,8 +139,7 @@ type tconn struct {
 	// tls is the connection of a TLS stream: the loop only watches fd, a
 	// goroutine writes through tls (nil for cleartext streams).
 	tls       *tls.Conn
-	cw        *fdWriter   // the writer of its goroutine, when it needs one
-	tw        *connWriter // the writer of a TLS stream's goroutines
+	bw        *connWriter // the writer of its goroutines, made when first needed
 	lw        loopWriter
 	scheduled atomic.Bool
 	busy      atomic.Bool  // a goroutine of its own has the stream
@@ -481,7 +469,7 @@ func (l *pollLoop) closeTLS(s *stream, n *closeNotice) {
 	l.lend(s)
 	go func() {
 		if err := s.writeClosing(n); err == nil {
-			_ = tk.tw.end()
+			_ = tk.bw.end()
 		}
 		l.giveBack(slowResult{s: s, end: true})
 	}()
@@ -506,23 +494,17 @@ func (l *pollLoop) lend(s *stream) streamWriter {
 	tk := s.tk.Load()
 	tk.busy.Store(true)
 	l.watch(tk, 0)
-	timeout := time.Duration(s.h.SlowClientTimeout)
-	var w streamWriter
-	if tk.tls != nil {
-		if tk.tw == nil {
-			tk.tw = &connWriter{conn: tk.tls, timeout: timeout}
+	if tk.bw == nil { // most cleartext streams never need it
+		var to sink = fdSink(tk.fd)
+		if tk.tls != nil {
+			to = connSink{tk.tls}
 		}
-		w = tk.tw
-	} else {
-		if tk.cw == nil { // made when first needed: most streams never need it
-			tk.cw = &fdWriter{fd: tk.fd, timeout: timeout}
-		}
-		tk.cw.framed = append(tk.cw.framed[:0], tk.pending...)
-		tk.pending = nil
-		w = tk.cw
+		tk.bw = &connWriter{to: to, timeout: time.Duration(s.h.SlowClientTimeout)}
 	}
-	s.out = w
-	return w
+	tk.bw.framed = append(tk.bw.framed[:0], tk.pending...)
+	tk.pending = nil
+	s.out = tk.bw
+	return tk.bw
 }
 
 // giveBack returns a stream from its goroutine to the loop.
@@ -707,43 +689,11 @@ func (tk *tconn) schedule(s *stream) { tk.loop.schedule(s) }
 // blockedSince is when the socket stopped taking bytes (Unix ns), or 0.
 func (tk *tconn) blockedSince() int64 { return tk.blocked.Load() }
 
-// fdWriter writes a taken-over stream from a goroutine of its own, with
-// blocking writes (poll(2) waits for the socket) in chunked encoding, each
-// flush bounded by the slow-client timeout.
-type fdWriter struct {
-	fd      int
-	timeout time.Duration
-	framed  []byte // bytes already in chunks, sent before the next chunk
-	body    []byte // the next chunk's data
-}
+// fdSink writes to a socket the event loop holds, waiting with poll(2)
+// while it is full.
+type fdSink int
 
-func (fw *fdWriter) Write(p []byte) error {
-	fw.body = append(fw.body, p...)
-	return nil
-}
-
-func (fw *fdWriter) Flush() error { return fw.sendAll(fw.timeout) }
-
-func (fw *fdWriter) WriteLast(p []byte) error {
-	fw.body = append(fw.body, p...)
-	return fw.sendAll(min(fw.timeout, lastWordsTimeout))
-}
-
-// MayBlock is true: its writes wait for the client, within the timeout.
-func (fw *fdWriter) MayBlock() bool { return true }
-
-func (fw *fdWriter) sendAll(timeout time.Duration) error {
-	out := fw.framed
-	if len(fw.body) > 0 {
-		out = appendChunk(out, fw.body)
-	}
-	fw.framed, fw.body = fw.framed[:0], fw.body[:0]
-	err := writeFull(fw.fd, out, time.Now().Add(timeout))
-	if cap(fw.body) > 1<<20 {
-		fw.body = nil
-	}
-	return err
-}
+func (fd fdSink) writeBy(p []byte, deadline time.Time) error { return writeFull(int(fd), p, deadline) }
 
 // writeFull writes all of p to a non-blocking socket, waiting with poll(2)
 // while it is full, until deadline.

@@ -14,9 +14,7 @@ func newLoopSet() *loopSet { return &loopSet{} }
 
 func (ls *loopSet) supported() bool { return false }
 
-func (ls *loopSet) adopt(*stream, *net.TCPConn) bool { return false }
-
-func (ls *loopSet) adoptTLS(*stream, *tls.Conn, *net.TCPConn) bool { return false }
+func (ls *loopSet) adopt(*stream, *net.TCPConn, *tls.Conn) bool { return false }
 
 // Destruct does nothing.
 func (ls *loopSet) Destruct() error { return nil }
