@@ -153,24 +153,30 @@ func (s *testServer) post(path, contentType string, body []byte, header http.Hea
 	for k, v := range header {
 		req.Header[k] = v
 	}
-	// Caddy reloads with SO_REUSEPORT: a connection queued on the old
-	// listening socket when it closes is reset before its request is read.
-	// Such a failure (no response at all) is retried, as a backend would.
-	var resp *http.Response
-	for attempt := 1; ; attempt++ {
-		resp, err = requestClient.Do(req)
-		if err == nil {
-			break
-		}
-		if attempt == 5 {
-			s.t.Fatal(err)
-		}
-		time.Sleep(50 * time.Millisecond)
-		req.Body, _ = req.GetBody()
+	resp, err := doAcrossReloads(requestClient, req)
+	if err != nil {
+		s.t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	reply, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, reply
+}
+
+// doAcrossReloads sends req, trying again (up to five times) when it got
+// no response at all: Caddy reloads with SO_REUSEPORT, and a connection
+// queued on the old listening socket when it closes is refused or reset
+// before its request is read. A backend or an EventSource retries too.
+func doAcrossReloads(client *http.Client, req *http.Request) (*http.Response, error) {
+	for attempt := 1; ; attempt++ {
+		resp, err := client.Do(req)
+		if err == nil || attempt == 5 {
+			return resp, err
+		}
+		time.Sleep(50 * time.Millisecond)
+		if req.GetBody != nil {
+			req.Body, _ = req.GetBody()
+		}
+	}
 }
 
 func (s *testServer) postForm(path string, form url.Values) (int, []byte) {
@@ -231,19 +237,10 @@ func openStream(t testing.TB, url string, header http.Header, client *http.Clien
 	for k, v := range header {
 		req.Header[k] = v
 	}
-	// a connection refused or reset while Caddy hands its listener from an
-	// old config to a new one is retried, as EventSource would
-	var resp *http.Response
-	for attempt := 1; ; attempt++ {
-		resp, err = client.Do(req)
-		if err == nil {
-			break
-		}
-		if attempt == 5 {
-			cancel()
-			t.Fatalf("GET %s: %v", url, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	resp, err := doAcrossReloads(client, req)
+	if err != nil {
+		cancel()
+		t.Fatalf("GET %s: %v", url, err)
 	}
 	c := &sseClient{t: t, resp: resp, cancel: cancel,
 		events: make(chan sseEvent, 10000), comments: make(chan string, 10000), done: make(chan struct{})}
