@@ -138,3 +138,26 @@ func runNeighbourOfSlowClient(b *testing.B) {
 	b.ReportMetric(pct(1), "max_ms")
 	b.ReportMetric(metric(b, srv.scrape(), "caddy_sse_slow_client_disconnects_total"), "slow_disconnects")
 }
+
+// discardWriter takes every write at once.
+type discardWriter struct{}
+
+func (discardWriter) Write([]byte) error     { return nil }
+func (discardWriter) Flush() error           { return nil }
+func (discardWriter) WriteLast([]byte) error { return nil }
+func (discardWriter) MayBlock() bool         { return true }
+
+// BenchmarkStreamWakeUp is a net/http stream's work at a wake-up with
+// nothing queued: it must not allocate (HTTP/2 streams, whose steps run on
+// goroutines of their own, pay for a closure and a goroutine instead).
+func BenchmarkStreamWakeUp(b *testing.B) {
+	s := newStream(validHandler(), []string{"a"})
+	s.out = discardWriter{}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := s.drainStep(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

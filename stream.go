@@ -202,13 +202,23 @@ func (s *stream) run(ctx context.Context) error {
 		if n := s.closing.Load(); n != nil {
 			return s.onOwnStack(func() error { return s.writeClosing(n) })
 		}
-		if err := s.onOwnStack(func() error { return s.drain(ctx) }); err != nil {
+		if err := s.drainStep(ctx); err != nil {
 			if errors.Is(err, errClosing) {
 				return s.onOwnStack(func() error { return s.writeClosing(s.closing.Load()) })
 			}
 			return err
 		}
 	}
+}
+
+// drainStep drains, on a goroutine of its own if the stream's steps run
+// there (stack.go). The closure is made only then: this runs at every
+// wake-up.
+func (s *stream) drainStep(ctx context.Context) error {
+	if !s.ownStacks {
+		return s.drain(ctx)
+	}
+	return s.onOwnStack(func() error { return s.drain(ctx) })
 }
 
 // drain writes what is queued (catching up from the history after an
