@@ -47,6 +47,7 @@ SPAWN_SCALEOUT = -spawn-redis $(BENCH_REDIS_SERVER) \
 test:
 	$(GO) test -race -count=1 -timeout 15m ./...
 	SSE_TEST_WRITER=takeover $(GO) test -race -count=1 -timeout 15m . ./e2e/
+	CADDY_SSE_IO_URING=0 SSE_TEST_WRITER=takeover $(GO) test -race -count=1 -timeout 15m .
 
 .PHONY: bench bench-build bench-idle bench-fanout bench-fanout20 bench-fanout30 bench-spread bench-ramp bench-churn \
 	bench-reconnect bench-scaleout bench-idle-tls bench-idle-h2 bench-floor bench-profile-fanout bench-profile-fanout20 \

@@ -189,7 +189,9 @@ type Handler struct {
 	// and TLS) over once a stream's headers are decided and watches them
 	// from one event loop per CPU (Linux; elsewhere it is net_http): an
 	// idle stream then costs a few KiB instead of tens, and fan-out far less
-	// CPU. HTTP/2 and HTTP/3 streams stay on net/http. A taken-over stream has
+	// CPU; where the kernel allows io_uring (unless the environment sets
+	// CADDY_SSE_IO_URING=0) a loop sends a round's writes with one system
+	// call. HTTP/2 and HTTP/3 streams stay on net/http. A taken-over stream has
 	// left Caddy's response pipeline: the access log records the hand-off
 	// (its duration and the bytes written until then), and response
 	// handlers after this one do not see it.
@@ -263,6 +265,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return err
 		}
 		h.loopsOn = true
+		if h.loops != nil {
+			h.logger.Info("sse_takeover_writer", zap.String("sends", h.loops.sendsBy()))
+		}
 	}
 	h.streams = newRegistry(h.logger, h.heartbeat(), h.closeJitter(), time.Duration(h.SlowClientTimeout))
 	return h.closeStreamsWhenStopping(ctx)

@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"net"
+	"os"
 	"runtime"
 	"strconv"
 	"sync"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/caddy-sse/caddy-sse/internal/uring"
 )
 
 // loopSet is one event loop per CPU; a stream goes to the loop with the
@@ -22,9 +25,42 @@ type loopSet struct {
 	mu        sync.Mutex
 	loops     []*pollLoop
 	destroyed bool
+	// noRing is why the loops write each stream with its own write(2)
+	// instead of sending a round's writes through io_uring; nil if they
+	// use io_uring.
+	noRing error
 }
 
-func newLoopSet() *loopSet { return &loopSet{} }
+// ringEntries is how many sends one io_uring system call takes.
+const ringEntries = 4096
+
+// ringSwitch turns io_uring off when set to 0 (for comparing the two, or
+// where io_uring misbehaves); by default it is used where the kernel
+// allows it.
+const ringSwitch = "CADDY_SSE_IO_URING"
+
+func newLoopSet() *loopSet {
+	ls := &loopSet{}
+	if os.Getenv(ringSwitch) == "0" {
+		ls.noRing = errors.New(ringSwitch + "=0")
+		return ls
+	}
+	probe, err := uring.New(ringEntries) // cheap: no loop runs yet
+	if err != nil {
+		ls.noRing = err
+		return ls
+	}
+	probe.Close()
+	return ls
+}
+
+// sendsBy says how the loops write.
+func (ls *loopSet) sendsBy() string {
+	if ls.noRing != nil {
+		return "write(2) per stream (io_uring: " + ls.noRing.Error() + ")"
+	}
+	return "io_uring, one system call per round"
+}
 
 func (ls *loopSet) supported() bool { return true }
 
@@ -38,7 +74,7 @@ func (ls *loopSet) running() []*pollLoop {
 	}
 	if ls.loops == nil {
 		for range runtime.GOMAXPROCS(0) {
-			l, err := newPollLoop()
+			l, err := newPollLoop(ls.noRing == nil)
 			if err != nil {
 				break
 			}
@@ -122,8 +158,21 @@ type pollLoop struct {
 	lastToken uint64
 	closed    bool
 
-	count  atomic.Int64
-	chunk  []byte        // the chunk being written (loop goroutine only)
+	count atomic.Int64
+	// chunk holds the chunks written in this round (loop goroutine
+	// only); the current stream's starts at chunkAt.
+	chunk   []byte
+	chunkAt int
+	// ring, if io_uring is available, sends what the streams of a round
+	// wrote with one system call; queue is those sends, to whom.
+	ring   *uring.Ring
+	queue  []uring.Send
+	owner  []*stream
+	sentFn func(i, n int, err error) // l.sent, made once
+	// batching is set while a round's streams write: a flush then
+	// queues its chunk instead of writing it.
+	batching bool
+
 	kick   chan struct{} // something was scheduled or returned
 	events chan []unix.EpollEvent
 	ack    chan struct{} // the loop has handled the events it was sent
@@ -147,6 +196,7 @@ type tconn struct {
 	pending   []byte       // bytes the socket has not taken yet
 	outArmed  bool
 	ended     bool
+	queued    bool // a send of it waits in the loop's queue
 }
 
 type slowResult struct {
@@ -159,7 +209,7 @@ const chunkHeadroom = 16 // room for a chunk's size line
 
 var headroom [chunkHeadroom]byte
 
-func newPollLoop() (*pollLoop, error) {
+func newPollLoop(withRing bool) (*pollLoop, error) {
 	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, err
@@ -178,6 +228,10 @@ func newPollLoop() (*pollLoop, error) {
 		unix.Close(wakefd)
 		return nil, err
 	}
+	if withRing {
+		l.ring, _ = uring.New(ringEntries) // without it, a write(2) per stream
+	}
+	l.sentFn = l.sent
 	return l, nil
 }
 
@@ -185,7 +239,7 @@ func newPollLoop() (*pollLoop, error) {
 // it cannot.
 func (l *pollLoop) adopt(s *stream, tk *tconn) {
 	fd := tk.fd
-	tk.lw = loopWriter{tk: tk}
+	tk.lw = loopWriter{tk: tk, s: s}
 	// the loop may see the connection's events as soon as it is added:
 	// the stream must be ready for them by then
 	s.out = &tk.lw
@@ -406,6 +460,11 @@ func (l *pollLoop) serviceReady() {
 		l.service(s)
 		batch[i] = nil
 	}
+	l.sendQueued()
+	l.chunk, l.chunkAt = l.chunk[:0], 0
+	if cap(l.chunk) > 4<<20 {
+		l.chunk = nil // do not keep a huge round's buffer
+	}
 }
 
 // service writes what the stream has: its closing, a queued batch, a
@@ -438,7 +497,16 @@ func (l *pollLoop) service(s *stream) {
 		l.slow(s, batch, true)
 		return
 	}
+	l.chunk = l.chunk[:l.chunkAt] // nothing half-written is left before this stream's chunk
+	l.batching = l.ring != nil
 	rest, err := s.drainBatch(context.Background(), batch, false)
+	l.batching = false
+	if err != nil && tk.queued {
+		l.sendQueued() // what it wrote goes out before anything else happens to it
+		if tk.ended {
+			return
+		}
+	}
 	switch {
 	case errors.Is(err, errNeedsHistory):
 		l.slow(s, rest, false)
@@ -570,6 +638,9 @@ func (l *pollLoop) flushPending(tk *tconn) error {
 // own (finishing may throttle the client, in Redis).
 func (l *pollLoop) end(s *stream, err error) {
 	tk := s.tk.Load()
+	if tk.queued {
+		l.sendQueued() // before its descriptor is closed (a failed send may end it)
+	}
 	if tk.ended {
 		return
 	}
@@ -599,6 +670,9 @@ func (l *pollLoop) endAll() {
 	}
 	unix.Close(l.epfd)
 	unix.Close(l.wakefd)
+	if l.ring != nil {
+		l.ring.Close()
+	}
 }
 
 func (l *pollLoop) shutdown() {
@@ -623,14 +697,9 @@ func (tk *tconn) send(p []byte) error {
 			p = p[n:]
 		}
 		switch {
-		case err == nil:
-		case errors.Is(err, unix.EINTR):
+		case err == nil, errors.Is(err, unix.EINTR):
 		case errors.Is(err, unix.EAGAIN):
-			tk.pending = append(tk.pending, p...)
-			tk.blocked.CompareAndSwap(0, time.Now().UnixNano())
-			if !tk.outArmed {
-				tk.loop.watch(tk, unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLOUT)
-			}
+			tk.keep(p)
 			return nil
 		default:
 			return err
@@ -640,34 +709,106 @@ func (tk *tconn) send(p []byte) error {
 	return nil
 }
 
+// keep holds what the socket did not take until it is writable.
+func (tk *tconn) keep(p []byte) {
+	tk.pending = append(tk.pending, p...)
+	tk.blocked.CompareAndSwap(0, time.Now().UnixNano())
+	if !tk.outArmed {
+		tk.loop.watch(tk, unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLOUT)
+	}
+}
+
+// enqueue keeps a stream's chunk for the round's io_uring submission.
+func (l *pollLoop) enqueue(s *stream, chunk []byte) {
+	tk := s.tk.Load()
+	if tk.queued {
+		l.sendQueued() // one send per socket and submission keeps them in order
+	}
+	tk.queued = true
+	l.queue = append(l.queue, uring.Send{FD: tk.fd, Data: chunk})
+	l.owner = append(l.owner, s)
+}
+
+// sendQueued sends the queued chunks with one system call per ring's worth
+// and handles each result as send would. The chunks stay in l.chunk until
+// the round ends.
+func (l *pollLoop) sendQueued() {
+	if len(l.queue) == 0 {
+		return
+	}
+	if err := l.ring.Submit(l.queue, l.sentFn); err != nil {
+		// the ring is broken: streams whose sends did not come back may
+		// have lost bytes, so they end (their clients resume from their
+		// last event); the loop writes on with write(2)
+		l.ring.Close()
+		l.ring = nil
+		for _, s := range l.owner {
+			if tk := s.tk.Load(); tk.queued {
+				tk.queued = false
+				l.end(s, err)
+			}
+		}
+	}
+	clear(l.queue)
+	clear(l.owner)
+	l.queue, l.owner = l.queue[:0], l.owner[:0]
+}
+
+// sent handles the result of the i-th queued send.
+func (l *pollLoop) sent(i, n int, err error) {
+	s, p := l.owner[i], l.queue[i].Data
+	tk := s.tk.Load()
+	tk.queued = false
+	switch {
+	case err == nil && n == len(p):
+		tk.blocked.Store(0)
+	case err == nil, errors.Is(err, unix.EAGAIN), errors.Is(err, unix.EINTR):
+		tk.keep(p[n:])
+	default:
+		l.end(s, err)
+	}
+}
+
 // loopWriter is a stream's streamWriter while its loop writes it: writes
 // go into the loop's chunk, a flush sends the chunk without blocking.
-type loopWriter struct{ tk *tconn }
+type loopWriter struct {
+	tk *tconn
+	s  *stream
+}
 
 func (w *loopWriter) Write(p []byte) error {
 	l := w.tk.loop
-	if len(l.chunk) == 0 {
-		l.chunk = append(l.chunk[:0], headroom[:]...)
+	if len(l.chunk) == l.chunkAt {
+		l.chunk = append(l.chunk, headroom[:]...)
 	}
 	l.chunk = append(l.chunk, p...)
 	return nil
 }
 
+// Flush frames the chunk and sends it, or queues it for the round's
+// submission while the loop is batching.
 func (w *loopWriter) Flush() error {
 	l := w.tk.loop
-	if len(l.chunk) <= chunkHeadroom {
+	at := l.chunkAt
+	if len(l.chunk)-at <= chunkHeadroom {
 		return nil
 	}
-	size := len(l.chunk) - chunkHeadroom
+	size := len(l.chunk) - at - chunkHeadroom
 	var head [chunkHeadroom]byte
 	h := strconv.AppendInt(head[:0], int64(size), 16)
 	h = append(h, '\r', '\n')
-	start := chunkHeadroom - len(h)
+	start := at + chunkHeadroom - len(h)
 	copy(l.chunk[start:], h)
 	l.chunk = append(l.chunk, '\r', '\n')
+	if l.batching && l.ring != nil {
+		// the slice keeps its bytes even if chunk grows into a new array
+		l.enqueue(w.s, l.chunk[start:len(l.chunk):len(l.chunk)])
+		l.chunkAt = len(l.chunk)
+		return nil
+	}
 	err := w.tk.send(l.chunk[start:])
-	l.chunk = l.chunk[:0]
-	if cap(l.chunk) > 4<<20 {
+	l.chunk = l.chunk[:at]
+	if at == 0 && cap(l.chunk) > 4<<20 {
 		l.chunk = nil // do not keep a huge batch's buffer
 	}
 	return err

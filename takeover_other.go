@@ -25,3 +25,5 @@ type tconn struct{}
 func (tk *tconn) schedule(*stream) {}
 
 func (tk *tconn) blockedSince() int64 { return 0 }
+
+func (ls *loopSet) sendsBy() string { return "" }

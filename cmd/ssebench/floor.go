@@ -15,6 +15,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
+
+	"github.com/caddy-sse/caddy-sse/internal/uring"
 )
 
 // floorServer is a reference SSE server for measuring the floor of this
@@ -30,11 +33,17 @@ type floorServer struct {
 	mu   sync.Mutex
 	subs map[string][]net.Conn
 	seq  int64
+	// ring, with -uring, sends an event to every subscriber with one
+	// io_uring system call instead of a write(2) each.
+	ring  *uring.Ring
+	fds   map[net.Conn]int
+	sends []uring.Send
 }
 
 func runFloorServer(args []string) int {
 	fs := flag.NewFlagSet("floor-server", flag.ContinueOnError)
 	addr := fs.String("addr", "127.0.0.1:9090", "listen address (loopback only)")
+	withRing := fs.Bool("uring", false, "send each event to all subscribers with one io_uring system call")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -47,7 +56,13 @@ func runFloorServer(args []string) int {
 		fmt.Fprintln(os.Stderr, "floor-server:", err)
 		return 1
 	}
-	s := &floorServer{subs: map[string][]net.Conn{}}
+	s := &floorServer{subs: map[string][]net.Conn{}, fds: map[net.Conn]int{}}
+	if *withRing {
+		if s.ring, err = uring.New(4096); err != nil {
+			fmt.Fprintln(os.Stderr, "floor-server: io_uring:", err)
+			return 1
+		}
+	}
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -98,6 +113,9 @@ func (s *floorServer) serve(c net.Conn) {
 			}
 			s.mu.Lock()
 			s.subs[channel] = append(s.subs[channel], c)
+			if raw, err := c.(*net.TCPConn).SyscallConn(); err == nil {
+				_ = raw.Control(func(fd uintptr) { s.fds[c] = int(fd) })
+			}
 			s.mu.Unlock()
 			return // no reader: a close is noticed by a failing write
 		case "POST":
@@ -139,6 +157,10 @@ func (s *floorServer) publish(body []byte) ([]byte, error) {
 	s.seq++
 	frame := fmt.Sprintf("event: %s\ndata: %s\nid: %d\n\n", req.Event, data.Bytes(), s.seq)
 	chunk := []byte(chunkOf(frame))
+	if s.ring != nil {
+		s.sendAll(req.Channel, chunk)
+		return []byte(fmt.Sprintf(`{"ids":{%q:"%d"}}`, req.Channel, s.seq)), nil
+	}
 	live := s.subs[req.Channel][:0]
 	for _, c := range s.subs[req.Channel] {
 		if _, err := c.Write(chunk); err != nil {
@@ -149,4 +171,40 @@ func (s *floorServer) publish(body []byte) ([]byte, error) {
 	}
 	s.subs[req.Channel] = live
 	return []byte(fmt.Sprintf(`{"ids":{%q:"%d"}}`, req.Channel, s.seq)), nil
+}
+
+// sendAll sends chunk to the channel's subscribers through the ring; what
+// a socket did not take at once is written the ordinary way.
+func (s *floorServer) sendAll(channel string, chunk []byte) {
+	subs := s.subs[channel]
+	s.sends = s.sends[:0]
+	for _, c := range subs {
+		s.sends = append(s.sends, uring.Send{FD: s.fds[c], Data: chunk})
+	}
+	failed := map[int]bool{}
+	err := s.ring.Submit(s.sends, func(i, n int, err error) {
+		if err == nil && n == len(chunk) {
+			return
+		}
+		if errors.Is(err, syscall.EAGAIN) || (err == nil && n < len(chunk)) {
+			if _, err := subs[i].Write(chunk[n:]); err == nil {
+				return
+			}
+		}
+		failed[i] = true
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "floor-server: io_uring:", err)
+		os.Exit(1)
+	}
+	live := subs[:0]
+	for i, c := range subs {
+		if failed[i] {
+			c.Close()
+			delete(s.fds, c)
+			continue
+		}
+		live = append(live, c)
+	}
+	s.subs[channel] = live
 }
