@@ -166,7 +166,7 @@ type pollLoop struct {
 	// ring, if io_uring is available, sends what the streams of a round
 	// wrote with one system call; queue is those sends, to whom.
 	ring   *uring.Ring
-	queue  []uring.Send
+	queue  []uring.IO
 	owner  []*stream
 	sentFn func(i, n int, err error) // l.sent, made once
 	// batching is set while a round's streams write: a flush then
@@ -725,7 +725,7 @@ func (l *pollLoop) enqueue(s *stream, chunk []byte) {
 		l.sendQueued() // one send per socket and submission keeps them in order
 	}
 	tk.queued = true
-	l.queue = append(l.queue, uring.Send{FD: tk.fd, Data: chunk})
+	l.queue = append(l.queue, uring.IO{FD: tk.fd, Buf: chunk})
 	l.owner = append(l.owner, s)
 }
 
@@ -756,7 +756,7 @@ func (l *pollLoop) sendQueued() {
 
 // sent handles the result of the i-th queued send.
 func (l *pollLoop) sent(i, n int, err error) {
-	s, p := l.owner[i], l.queue[i].Data
+	s, p := l.owner[i], l.queue[i].Buf
 	tk := s.tk.Load()
 	tk.queued = false
 	switch {

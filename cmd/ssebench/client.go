@@ -235,6 +235,7 @@ type engineOpts struct {
 	headTimeout  time.Duration // bound on connect + response head
 	defaultRetry time.Duration // reconnection time before a retry: field
 	workers      int           // epoll workers
+	uring        bool          // epoll workers read through io_uring where allowed
 	proto        string        // h1 or h2 (TLS targets, goroutine engine)
 	h2Conns      int           // transports (so at least this many connections) for h2
 	readBuf      int           // per-connection read buffer (goroutine engine)

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/caddy-sse/caddy-sse/internal/uring"
 )
 
 // epollEngine holds HTTP/1.1 cleartext streams on raw non-blocking sockets
@@ -77,7 +79,24 @@ type worker struct {
 	buf      []byte
 	stopping bool
 	done     chan struct{}
+
+	// ring, with -uring where the kernel allows it, reads the streams one
+	// epoll_wait reported with one system call: a read(2) each costs the
+	// tool more than the SSE parsing on a machine where system calls are
+	// dear. ios and readers are that round's reads, slots their buffers.
+	ring    *uring.Ring
+	ios     []uring.IO
+	readers []*client
+	slots   []byte
+	readFn  func(i, n int, err error)
 }
+
+// maxReady is how many readiness events one epoll_wait returns at most.
+const maxReady = 512
+
+// slotSize is one batched read's buffer; a read that fills it is followed
+// by read(2) calls until the socket is empty.
+const slotSize = 4096
 
 // IP_BIND_ADDRESS_NO_PORT (linux/in.h): bind the source address but pick
 // the port at connect time, per destination, so that many source addresses
@@ -102,8 +121,13 @@ func newEpollEngine(opts engineOpts) (*epollEngine, error) {
 	return e, nil
 }
 
-func (e *epollEngine) name() string { return "epoll" }
-func (e *epollEngine) core() *core  { return e.k }
+func (e *epollEngine) name() string {
+	if len(e.workers) > 0 && e.workers[0].ring != nil {
+		return "epoll+io_uring"
+	}
+	return "epoll"
+}
+func (e *epollEngine) core() *core { return e.k }
 
 func (e *epollEngine) shardFor(id int) *stats {
 	return e.workers[id%len(e.workers)].st
@@ -150,12 +174,22 @@ func newWorker(k *core, st *stats) (*worker, error) {
 		syscall.Close(p[1])
 		return nil, fmt.Errorf("epoll_ctl: %v", err)
 	}
-	return &worker{
+	w := &worker{
 		k: k, st: st, epfd: epfd, wakeR: p[0], wakeW: p[1],
 		conns: map[int]*client{},
 		buf:   make([]byte, 64<<10),
 		done:  make(chan struct{}),
-	}, nil
+	}
+	if k.opts.uring {
+		var err error
+		if w.ring, err = uring.New(maxReady); err != nil {
+			k.noteErr("io_uring unavailable, reading with read(2): " + err.Error())
+		} else {
+			w.slots = make([]byte, maxReady*slotSize)
+			w.readFn = w.readDone
+		}
+	}
+	return w, nil
 }
 
 func (w *worker) wake() {
@@ -166,7 +200,7 @@ func (w *worker) wake() {
 
 func (w *worker) loop() {
 	defer close(w.done)
-	events := make([]syscall.EpollEvent, 512)
+	events := make([]syscall.EpollEvent, maxReady)
 	var drain [64]byte
 	for {
 		timeout := 100
@@ -195,10 +229,16 @@ func (w *worker) loop() {
 				}
 				continue
 			}
-			if c := w.conns[fd]; c != nil {
+			c := w.conns[fd]
+			switch {
+			case c == nil:
+			case w.ring != nil && (c.state == stHead || c.state == stBody):
+				w.queueRead(c)
+			default:
 				w.handle(c, events[i].Events)
 			}
 		}
+		w.readQueued()
 		now := time.Now().UnixNano()
 		for len(w.timers) > 0 && w.timers[0].at <= now {
 			w.fire(heap.Pop(&w.timers).(wtimer), now)
@@ -229,6 +269,9 @@ func (w *worker) shutdown() {
 	syscall.Close(w.epfd)
 	syscall.Close(w.wakeR)
 	syscall.Close(w.wakeW)
+	if w.ring != nil {
+		w.ring.Close()
+	}
 }
 
 func (w *worker) push(c *client, at int64, kind timerKind) {
@@ -377,30 +420,74 @@ func (w *worker) read(c *client) {
 		if err == syscall.EINTR {
 			continue
 		}
-		if err == syscall.EAGAIN {
+		if !w.took(c, w.buf, n, err) || n < len(w.buf) {
 			return
 		}
-		if err != nil {
-			if c.state == stHead {
-				w.attemptFailed(c, "read: "+err.Error())
-			} else {
-				w.ended(c, "read: "+err.Error())
+	}
+}
+
+// took handles what a read into buf returned; false if the socket is
+// empty or the connection gone.
+func (w *worker) took(c *client, buf []byte, n int, err error) bool {
+	if err == syscall.EAGAIN {
+		return false
+	}
+	if err != nil {
+		if c.state == stHead {
+			w.attemptFailed(c, "read: "+err.Error())
+		} else {
+			w.ended(c, "read: "+err.Error())
+		}
+		return false
+	}
+	if n == 0 {
+		if c.state == stHead {
+			w.attemptFailed(c, "closed before the response head")
+		} else if c.chunked || c.bodyLen > 0 {
+			w.ended(c, "stream cut (no last chunk)")
+		} else {
+			w.ended(c, "")
+		}
+		return false
+	}
+	return w.process(c, buf[:n], time.Now().UnixNano())
+}
+
+// queueRead adds a ready stream to the round's batched reads.
+func (w *worker) queueRead(c *client) {
+	at := len(w.ios) * slotSize
+	w.ios = append(w.ios, uring.IO{FD: c.fd, Buf: w.slots[at : at+slotSize], Recv: true})
+	w.readers = append(w.readers, c)
+}
+
+// readQueued reads the round's ready streams with one system call.
+func (w *worker) readQueued() {
+	if len(w.ios) == 0 {
+		return
+	}
+	if err := w.ring.Submit(w.ios, w.readFn); err != nil {
+		// the ring is broken: read on with read(2) (a read it did and
+		// could not report would show as lost events)
+		w.k.noteErr("io_uring: " + err.Error())
+		w.ring.Close()
+		w.ring = nil
+		for i, c := range w.readers {
+			if c != nil && w.ios[i].FD == c.fd {
+				w.read(c)
 			}
-			return
 		}
-		if n == 0 {
-			if c.state == stHead {
-				w.attemptFailed(c, "closed before the response head")
-			} else if c.chunked || c.bodyLen > 0 {
-				w.ended(c, "stream cut (no last chunk)")
-			} else {
-				w.ended(c, "")
-			}
-			return
-		}
-		if !w.process(c, w.buf[:n], time.Now().UnixNano()) || n < len(w.buf) {
-			return
-		}
+	}
+	clear(w.readers)
+	w.ios, w.readers = w.ios[:0], w.readers[:0]
+}
+
+// readDone handles the i-th batched read.
+func (w *worker) readDone(i, n int, err error) {
+	c, buf := w.readers[i], w.ios[i].Buf
+	w.readers[i] = nil
+	w.k.cnt.reads.Add(1)
+	if err == syscall.EINTR || (w.took(c, buf, n, err) && n == len(buf)) {
+		w.read(c) // there may be more
 	}
 }
 

@@ -37,7 +37,7 @@ type floorServer struct {
 	// io_uring system call instead of a write(2) each.
 	ring  *uring.Ring
 	fds   map[net.Conn]int
-	sends []uring.Send
+	sends []uring.IO
 }
 
 func runFloorServer(args []string) int {
@@ -179,7 +179,7 @@ func (s *floorServer) sendAll(channel string, chunk []byte) {
 	subs := s.subs[channel]
 	s.sends = s.sends[:0]
 	for _, c := range subs {
-		s.sends = append(s.sends, uring.Send{FD: s.fds[c], Data: chunk})
+		s.sends = append(s.sends, uring.IO{FD: s.fds[c], Buf: chunk})
 	}
 	failed := map[int]bool{}
 	err := s.ring.Submit(s.sends, func(i, n int, err error) {

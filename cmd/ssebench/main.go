@@ -51,6 +51,7 @@ type config struct {
 	proto         string
 	h2Conns       int
 	workers       int
+	uring         bool
 	src           string
 	inflight      int
 	readBuf       int
@@ -123,6 +124,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.proto, "proto", "h1", "protocol for https targets (std engine): h1 or h2")
 	fs.IntVar(&c.h2Conns, "h2-conns", 1, "h2: transports per target (each opens a new connection only when the server's stream limit is reached)")
 	fs.IntVar(&c.workers, "workers", 1, "epoll engine: event loops (one keeps the tool's CPU lowest on a small box: bigger batches per epoll_wait)")
+	fs.BoolVar(&c.uring, "uring", true, "epoll engine: read the streams one epoll_wait reports with one io_uring system call, where the kernel allows it (false: a read(2) each)")
 	fs.StringVar(&c.src, "src", "127.0.0.2-127.0.0.255", "source addresses to spread connections over (IPv4 targets), low-high; empty for the kernel's choice")
 	fs.IntVar(&c.inflight, "inflight", 1000, "ramp: most connection attempts in flight")
 	fs.IntVar(&c.readBuf, "read-buf", 1024, "std engine: per-stream read buffer")

@@ -257,7 +257,7 @@ func (r *runner) workerArgs(url string, conns, idBase int) []string {
 	return []string{workerCommand,
 		"-url", url, "-conns", strconv.Itoa(conns), "-id-base", strconv.Itoa(idBase),
 		"-channels", strconv.Itoa(cfg.channels), "-per-conn", strconv.Itoa(cfg.perConn), "-channel-prefix", cfg.channelPrefix,
-		"-engine", cfg.engine, "-proto", cfg.proto, "-h2-conns", strconv.Itoa(cfg.h2Conns), "-workers", strconv.Itoa(cfg.workers),
+		"-engine", cfg.engine, "-proto", cfg.proto, "-h2-conns", strconv.Itoa(cfg.h2Conns), "-workers", strconv.Itoa(cfg.workers), "-uring=" + strconv.FormatBool(cfg.uring),
 		"-src", cfg.src, "-inflight", strconv.Itoa(cfg.inflight), "-read-buf", strconv.Itoa(cfg.readBuf),
 		"-ramp-timeout", d(cfg.rampTimeout), "-head-timeout", d(cfg.headTimeout), "-default-retry", d(cfg.defaultRetry),
 		"-reconnect=" + strconv.FormatBool(cfg.reconnect), "-timeout", d(cfg.totalTimeout + cfg.quietWait + time.Minute), "-q",

@@ -563,6 +563,7 @@ func (r *runner) setup() error {
 		proto:        cfg.proto,
 		h2Conns:      cfg.h2Conns,
 		readBuf:      cfg.readBuf,
+		uring:        cfg.uring,
 	}
 	if cfg.engine == "epoll" {
 		r.eng, err = openEpollEngine(opts)

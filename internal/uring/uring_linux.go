@@ -1,18 +1,20 @@
 //go:build linux
 
-// Package uring sends on many sockets with one system call, through an
-// io_uring submission queue. It exists for one reason: on machines where
+// Package uring sends on (or reads from) many sockets with one system
+// call, through an io_uring submission queue. It exists for one reason: on machines where
 // every system call is expensive (page-table isolation in a VM costs about a
 // microsecond per entry and exit), writing one small event to each of
 // thousands of sockets costs a system call each; queued here they cost one
-// per batch. Sends never wait: each is tried at once (MSG_DONTWAIT) and its
-// result — bytes taken, EAGAIN, or an error — is there when Submit returns.
+// per batch. Nothing waits: each send or receive is tried at once
+// (MSG_DONTWAIT) and its result — bytes moved, EAGAIN, or an error — is
+// there when Submit returns.
 //
 // A Ring is used by one goroutine at a time.
 package uring
 
 import (
 	"errors"
+	"fmt"
 	"runtime"
 	"sync/atomic"
 	"unsafe"
@@ -33,6 +35,7 @@ const (
 	enterGetEvents = 1 << 0
 
 	opSend = 26
+	opRecv = 27
 
 	sqeSize = 64
 	cqeSize = 16
@@ -78,14 +81,15 @@ type cqe struct {
 	flags    uint32
 }
 
-// Send is one queued send: the bytes stay the caller's and must not change
-// until Submit returns.
-type Send struct {
+// IO is one queued send of Buf, or receive into it: the buffer stays the
+// caller's and must not change until Submit returns.
+type IO struct {
 	FD   int
-	Data []byte
+	Buf  []byte
+	Recv bool
 }
 
-// Ring is an io_uring instance used only for sends.
+// Ring is an io_uring instance used only for sends and receives.
 type Ring struct {
 	fd      int
 	ringMem []byte // the submission and completion rings (one mapping)
@@ -97,9 +101,10 @@ type Ring struct {
 	cqes                           []cqe
 }
 
-// New sets up a ring that takes up to entries sends per system call. It
+// New sets up a ring that takes up to entries operations per system call. It
 // fails where io_uring is missing or forbidden (old kernels, seccomp
-// profiles of container runtimes, io_uring_disabled): callers then write as
+// profiles of container runtimes, io_uring_disabled), or where a send to a
+// full socket would wait instead of failing at once: callers then write as
 // before.
 func New(entries uint32) (*Ring, error) {
 	p := params{flags: setupSubmitAll | setupCoopTaskrun}
@@ -116,7 +121,58 @@ func New(entries uint32) (*Ring, error) {
 		r.Close()
 		return nil, err
 	}
+	if err := r.selfCheck(); err != nil {
+		r.Close()
+		return nil, err
+	}
 	return r, nil
+}
+
+// selfCheck makes sure a send to a full socket completes at once with
+// EAGAIN: a kernel that instead parked it until the socket drained would
+// stall whoever submits (and one that lacks IORING_OP_SEND fails here too).
+func (r *Ring) selfCheck() error {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	fill := make([]byte, 64<<10)
+	for {
+		_, err := unix.Write(fds[0], fill)
+		if errors.Is(err, unix.EAGAIN) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+	}
+	tail := *r.sqTail
+	r.sqes[tail&r.sqMask] = sqe{opcode: opSend, fd: int32(fds[0]), addr: uint64(uintptr(unsafe.Pointer(&fill[0]))),
+		len: 1, msgFlags: unix.MSG_DONTWAIT | unix.MSG_NOSIGNAL}
+	atomic.StoreUint32(r.sqTail, tail+1)
+	for { // submit, without waiting for the completion
+		_, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), 1, 0, 0, 0, 0)
+		if errno == unix.EINTR {
+			continue
+		}
+		if errno != 0 {
+			return errno
+		}
+		break
+	}
+	runtime.KeepAlive(fill)
+	head := *r.cqHead
+	if atomic.LoadUint32(r.cqTail) == head {
+		return errors.New("io_uring: a send to a full socket waits here instead of failing at once")
+	}
+	res := r.cqes[head&r.cqMask].res
+	atomic.StoreUint32(r.cqHead, head+1)
+	if res != -int32(unix.EAGAIN) {
+		return fmt.Errorf("io_uring: a send to a full socket returned %d, not EAGAIN", res)
+	}
+	return nil
 }
 
 func setup(entries uint32, p *params) (int, error) {
@@ -158,17 +214,20 @@ func (r *Ring) mapRings(p *params) error {
 	return nil
 }
 
-// Entries is how many sends one Submit takes at most.
+// Entries is how many operations one system call takes at most.
 func (r *Ring) Entries() int { return int(r.entries) }
 
-// Submit tries every send once, in order, with one system call per Entries
-// sends, and calls done with each one's index in sends and result: the
-// bytes the socket took, or the error (unix.EAGAIN when it took none).
-// Sends that share a socket are tried in order, but a send after a short
-// one would still be tried: give each socket at most one send per Submit.
-func (r *Ring) Submit(sends []Send, done func(i int, n int, err error)) error {
-	for first := 0; first < len(sends); first += int(r.entries) {
-		batch := sends[first:min(len(sends), first+int(r.entries))]
+// Submit tries every operation once, in order, with one system call per
+// Entries of them, and calls done with each one's index in ios and result:
+// the bytes moved, or the error (unix.EAGAIN when the socket had no room,
+// or nothing to read). Operations on one socket are tried in order, but a
+// send after a short one would still be tried: give each socket at most one
+// per Submit. An error is the ring's own (operations it returns without
+// calling done for may or may not have happened): the ring must then be
+// closed, not used again.
+func (r *Ring) Submit(ios []IO, done func(i int, n int, err error)) error {
+	for first := 0; first < len(ios); first += int(r.entries) {
+		batch := ios[first:min(len(ios), first+int(r.entries))]
 		if err := r.submitBatch(batch, first, done); err != nil {
 			return err
 		}
@@ -176,21 +235,24 @@ func (r *Ring) Submit(sends []Send, done func(i int, n int, err error)) error {
 	return nil
 }
 
-// submitBatch submits at most Entries sends; first is the index of the
-// first one in what Submit was given.
-func (r *Ring) submitBatch(sends []Send, first int, done func(i int, n int, err error)) error {
+// submitBatch submits at most Entries operations; first is the index of
+// the first one in what Submit was given.
+func (r *Ring) submitBatch(ios []IO, first int, done func(i int, n int, err error)) error {
 	tail := *r.sqTail
-	for i, s := range sends {
+	for i, io := range ios {
 		e := &r.sqes[(tail+uint32(i))&r.sqMask]
-		*e = sqe{opcode: opSend, fd: int32(s.FD), len: uint32(len(s.Data)),
+		*e = sqe{opcode: opSend, fd: int32(io.FD), len: uint32(len(io.Buf)),
 			msgFlags: unix.MSG_DONTWAIT | unix.MSG_NOSIGNAL, userData: uint64(i)}
-		if len(s.Data) > 0 {
-			e.addr = uint64(uintptr(unsafe.Pointer(&s.Data[0])))
+		if io.Recv {
+			e.opcode, e.msgFlags = opRecv, unix.MSG_DONTWAIT
+		}
+		if len(io.Buf) > 0 {
+			e.addr = uint64(uintptr(unsafe.Pointer(&io.Buf[0])))
 		}
 	}
-	atomic.StoreUint32(r.sqTail, tail+uint32(len(sends)))
-	err := r.enter(uint32(len(sends)))
-	runtime.KeepAlive(sends) // the kernel has read the buffers by now
+	atomic.StoreUint32(r.sqTail, tail+uint32(len(ios)))
+	err := r.enter(uint32(len(ios)))
+	runtime.KeepAlive(ios) // the kernel is done with the buffers by now
 	r.reap(first, done)
 	return err
 }

@@ -105,13 +105,13 @@ type result struct {
 	err error
 }
 
-func submit(t *testing.T, r *Ring, sends []Send) []result {
+func submit(t *testing.T, r *Ring, ios []IO) []result {
 	t.Helper()
-	got := make([]result, len(sends))
-	seen := make([]bool, len(sends))
+	got := make([]result, len(ios))
+	seen := make([]bool, len(ios))
 	finished := make(chan error, 1)
 	go func() {
-		finished <- r.Submit(sends, func(i, n int, err error) {
+		finished <- r.Submit(ios, func(i, n int, err error) {
 			if seen[i] {
 				t.Errorf("send %d completed twice", i)
 			}
@@ -140,23 +140,23 @@ func submit(t *testing.T, r *Ring, sends []Send) []result {
 func TestSubmitSendsEveryBufferToItsSocket(t *testing.T) {
 	r := newRing(t, 8)
 	const sockets = 50
-	var sends []Send
+	var ios []IO
 	var readers []int
 	for i := range sockets {
 		w, rd := pair(t)
 		readers = append(readers, rd)
-		sends = append(sends, Send{FD: w, Data: []byte(fmt.Sprintf("event %d\n", i))})
+		ios = append(ios, IO{FD: w, Buf: []byte(fmt.Sprintf("event %d\n", i))})
 	}
-	for i, res := range submit(t, r, sends) {
-		if res.err != nil || res.n != len(sends[i].Data) {
-			t.Fatalf("send %d: %d bytes, %v; want %d", i, res.n, res.err, len(sends[i].Data))
+	for i, res := range submit(t, r, ios) {
+		if res.err != nil || res.n != len(ios[i].Buf) {
+			t.Fatalf("send %d: %d bytes, %v; want %d", i, res.n, res.err, len(ios[i].Buf))
 		}
 	}
 	for i, rd := range readers {
 		buf := make([]byte, 64)
 		n, err := unix.Read(rd, buf)
-		if err != nil || !bytes.Equal(buf[:n], sends[i].Data) {
-			t.Fatalf("socket %d got %q, %v; want %q", i, buf[:n], err, sends[i].Data)
+		if err != nil || !bytes.Equal(buf[:n], ios[i].Buf) {
+			t.Fatalf("socket %d got %q, %v; want %q", i, buf[:n], err, ios[i].Buf)
 		}
 	}
 }
@@ -169,7 +169,7 @@ func TestSubmitNeverWaitsOnAFullSocket(t *testing.T) {
 	big := bytes.Repeat([]byte("x"), 1<<16)
 	total := 0
 	for range 1000 {
-		res := submit(t, r, []Send{{FD: w, Data: big}})[0]
+		res := submit(t, r, []IO{{FD: w, Buf: big}})[0]
 		if errors.Is(res.err, unix.EAGAIN) {
 			if total == 0 {
 				t.Fatal("EAGAIN before the socket took anything")
@@ -179,7 +179,7 @@ func TestSubmitNeverWaitsOnAFullSocket(t *testing.T) {
 			if err := drain(rd, total); err != nil {
 				t.Fatal(err)
 			}
-			res = submit(t, r, []Send{{FD: w, Data: big}})[0]
+			res = submit(t, r, []IO{{FD: w, Buf: big}})[0]
 			if res.err != nil || res.n <= 0 {
 				t.Fatalf("after the reader drained the socket: %d bytes, %v", res.n, res.err)
 			}
@@ -200,7 +200,7 @@ func TestSubmitReportsEachSendsError(t *testing.T) {
 	gone, peer := pair(t)
 	unix.Close(peer)
 	ok, rd := pair(t)
-	res := submit(t, r, []Send{{FD: gone, Data: []byte("a")}, {FD: -1, Data: []byte("b")}, {FD: ok, Data: []byte("c")}})
+	res := submit(t, r, []IO{{FD: gone, Buf: []byte("a")}, {FD: -1, Buf: []byte("b")}, {FD: ok, Buf: []byte("c")}})
 	if !errors.Is(res[0].err, unix.EPIPE) && !errors.Is(res[0].err, unix.ECONNRESET) {
 		t.Errorf("send to a closed peer: %d, %v; want EPIPE", res[0].n, res[0].err)
 	}
@@ -213,5 +213,29 @@ func TestSubmitReportsEachSendsError(t *testing.T) {
 	buf := make([]byte, 8)
 	if n, _ := unix.Read(rd, buf); string(buf[:n]) != "c" {
 		t.Errorf("good socket got %q", buf[:n])
+	}
+}
+
+// Receives read what is there, say EAGAIN where nothing is, and 0 bytes
+// where the peer closed.
+func TestSubmitReceives(t *testing.T) {
+	r := newRing(t, 4)
+	full, fullPeer := pair(t)
+	empty, _ := pair(t)
+	closed, closedPeer := pair(t)
+	if _, err := unix.Write(fullPeer, []byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(closedPeer)
+	bufs := [][]byte{make([]byte, 64), make([]byte, 64), make([]byte, 64)}
+	res := submit(t, r, []IO{{FD: full, Buf: bufs[0], Recv: true}, {FD: empty, Buf: bufs[1], Recv: true}, {FD: closed, Buf: bufs[2], Recv: true}})
+	if res[0].err != nil || string(bufs[0][:res[0].n]) != "hello" {
+		t.Errorf("socket with data: %q, %v", bufs[0][:res[0].n], res[0].err)
+	}
+	if !errors.Is(res[1].err, unix.EAGAIN) {
+		t.Errorf("empty socket: %d bytes, %v; want EAGAIN", res[1].n, res[1].err)
+	}
+	if res[2].err != nil || res[2].n != 0 {
+		t.Errorf("closed peer: %d bytes, %v; want 0 bytes", res[2].n, res[2].err)
 	}
 }

@@ -1,15 +1,16 @@
 //go:build !linux
 
-// Package uring sends on many sockets with one system call, through
-// io_uring; it is Linux-only, and New fails elsewhere.
+// Package uring sends on (or reads from) many sockets with one system
+// call, through io_uring; it is Linux-only, and New fails elsewhere.
 package uring
 
 import "errors"
 
-// Send is one queued send.
-type Send struct {
+// IO is one queued send or receive.
+type IO struct {
 	FD   int
-	Data []byte
+	Buf  []byte
+	Recv bool
 }
 
 // Ring is unavailable on this system.
@@ -22,7 +23,7 @@ func New(entries uint32) (*Ring, error) { return nil, errors.New("io_uring is Li
 func (r *Ring) Entries() int { return 0 }
 
 // Submit fails.
-func (r *Ring) Submit(sends []Send, done func(i int, n int, err error)) error {
+func (r *Ring) Submit(ios []IO, done func(i int, n int, err error)) error {
 	return errors.New("io_uring is Linux-only")
 }
 
