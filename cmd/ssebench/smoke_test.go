@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-sse/caddy-sse/internal/uring"
 )
 
 // TestMain also runs the test binary as the processes a run starts: a
@@ -232,20 +234,30 @@ func checkDelivery(t *testing.T, res *result, conns int, events int64) {
 	}
 }
 
-// TestSmokeFanout runs fanout end to end, with both engines, against the
-// fake server.
+// TestSmokeFanout runs fanout end to end, with both engines (the epoll
+// one reading with read(2) and through io_uring), against the fake server.
 func TestSmokeFanout(t *testing.T) {
 	base := serve(t, newFakeSSE())
-	for _, engine := range []string{"epoll", "std"} {
-		t.Run(engine, func(t *testing.T) {
-			args := append([]string{"fanout", "-engine", engine, "-conns", "200", "-rate", "20", "-duration", "1s"}, common(base)...)
-			if engine == "std" { // publishers that may overtake each other
+	withRing := "epoll+io_uring"
+	if r, err := uring.New(8); err != nil {
+		withRing = "epoll" // the engine falls back to read(2) here
+	} else {
+		r.Close()
+	}
+	for _, run := range []struct{ name, engine, uring, want string }{
+		{"epoll", "epoll", "false", "epoll"},
+		{"epoll+io_uring", "epoll", "true", withRing},
+		{"std", "std", "false", "std"},
+	} {
+		t.Run(run.name, func(t *testing.T) {
+			args := append([]string{"fanout", "-engine", run.engine, "-uring=" + run.uring, "-conns", "200", "-rate", "20", "-duration", "1s"}, common(base)...)
+			if run.engine == "std" { // publishers that may overtake each other
 				args = append(args, "-ordered=false", "-publishers", "8")
 			}
 			res, summary := runScenario(t, args...)
 			checkDelivery(t, res, 200, 200*20)
-			if res.Engine != engine || !strings.Contains(summary, "latency:") {
-				t.Fatalf("engine %q, summary:\n%s", res.Engine, summary)
+			if res.Engine != run.want || !strings.Contains(summary, "latency:") {
+				t.Fatalf("engine %q, want %q; summary:\n%s", res.Engine, run.want, summary)
 			}
 		})
 	}
