@@ -190,8 +190,8 @@ type Handler struct {
 	// from one event loop per CPU (Linux; elsewhere it is net_http): an
 	// idle stream then costs a few KiB instead of tens, and fan-out far less
 	// CPU; where the kernel allows io_uring (unless the environment sets
-	// CADDY_SSE_IO_URING=0) a loop sends a round's writes with one system
-	// call. HTTP/2 and HTTP/3 streams stay on net/http. A taken-over stream has
+	// CADDY_SSE_IO_URING=0) a loop sends its streams' writes with one
+	// system call per 128 streams. HTTP/2 and HTTP/3 streams stay on net/http. A taken-over stream has
 	// left Caddy's response pipeline: the access log records the hand-off
 	// (its duration and the bytes written until then), and response
 	// handlers after this one do not see it.

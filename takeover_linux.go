@@ -60,7 +60,7 @@ func (ls *loopSet) sendsBy() string {
 	if ls.noRing != nil {
 		return "write(2) per stream (io_uring: " + ls.noRing.Error() + ")"
 	}
-	return "io_uring, one system call per round"
+	return "io_uring, one system call per 128 streams"
 }
 
 func (ls *loopSet) supported() bool { return true }
