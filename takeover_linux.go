@@ -730,6 +730,9 @@ func (l *pollLoop) enqueue(s *stream, chunk []byte) {
 	l.owner = append(l.owner, s)
 	if len(l.queue) >= submitEvery {
 		l.sendQueued()
+		// every queued chunk is out (or copied to its stream's pending):
+		// the next streams reuse the buffer while it is in the cache
+		l.chunk = l.chunk[:0]
 	}
 }
 
@@ -743,9 +746,8 @@ func (l *pollLoop) enqueue(s *stream, chunk []byte) {
 // calls again.
 const submitEvery = 128
 
-// sendQueued sends the queued chunks with one system call per ring's worth
-// and handles each result as send would. The chunks stay in l.chunk until
-// the round ends.
+// sendQueued sends the queued chunks and handles each result as send
+// would. It leaves l.chunk alone: a stream may be writing its chunk there.
 func (l *pollLoop) sendQueued() {
 	if len(l.queue) == 0 {
 		return
@@ -817,7 +819,7 @@ func (w *loopWriter) Flush() error {
 	if l.batching && l.ring != nil {
 		// the slice keeps its bytes even if chunk grows into a new array
 		l.enqueue(w.s, l.chunk[start:len(l.chunk):len(l.chunk)])
-		l.chunkAt = len(l.chunk)
+		l.chunkAt = len(l.chunk) // 0 if enqueue submitted the queue
 		return nil
 	}
 	err := w.tk.send(l.chunk[start:])

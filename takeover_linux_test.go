@@ -45,12 +45,15 @@ func TestTakeoverRoundsKeepEachStreamsChunks(t *testing.T) {
 }
 `)
 	// each stream also follows a channel of its own, so that the same
-	// event makes chunks of different lengths (their ids differ)
+	// event makes chunks of different lengths (their ids differ); 300
+	// small streams fill several submissions (submitEvery) in one round
 	var small, big []*sseClient
-	for i := range 30 {
-		pad := strings.Repeat("p", i+1)
+	for i := range 300 {
+		pad := fmt.Sprintf("p%d", i)
 		small = append(small, srv.subscribe("/events?channels=small,"+pad, nil))
-		big = append(big, srv.subscribe("/events?channels=big,"+pad, nil))
+		if i < 30 {
+			big = append(big, srv.subscribe("/events?channels=big,"+pad, nil))
+		}
 	}
 	const rounds = 5
 	payload := func(i int) string { return fmt.Sprintf("%d:%s", i, strings.Repeat(string(rune('a'+i)), 60<<10)) }
