@@ -68,8 +68,11 @@ type boxSummary struct {
 	ServerCores float64 `json:"server_cores"`
 	RedisCores  float64 `json:"redis_cores,omitempty"`
 	ClientCores float64 `json:"client_cores"`
-	OtherCores  float64 `json:"other_cores"`
-	Cores       int     `json:"cores"`
+	// SoftirqCores is the kernel's softirq threads: network work of the
+	// measured traffic that the kernel deferred (not counted in others).
+	SoftirqCores float64 `json:"softirq_cores"`
+	OtherCores   float64 `json:"other_cores"`
+	Cores        int     `json:"cores"`
 }
 
 // boxWindow starts measuring the machine's CPU; end records the window.
@@ -77,6 +80,7 @@ func (r *runner) boxWindow() (end func()) {
 	busy0, ok := machineBusy()
 	srv0, _ := r.sample()
 	self0 := r.clientCPU()
+	soft0 := softirqCPU()
 	t0 := time.Now()
 	return func() {
 		busy1, ok1 := machineBusy()
@@ -96,7 +100,8 @@ func (r *runner) boxWindow() (end func()) {
 			ClientCores: round3((r.clientCPU() - self0) / secs),
 			Cores:       runtime.NumCPU(),
 		}
-		b.OtherCores = round3(max(0, b.BusyCores-b.ServerCores-b.RedisCores-b.ClientCores))
+		b.SoftirqCores = round3((softirqCPU() - soft0) / secs)
+		b.OtherCores = round3(max(0, b.BusyCores-b.ServerCores-b.RedisCores-b.ClientCores-b.SoftirqCores))
 		r.res.Box = b
 		if b.OtherCores > r.cfg.quietCores {
 			r.note(fmt.Sprintf("contended: other processes used %.2f cores during the measurement", b.OtherCores))
@@ -1510,7 +1515,7 @@ func (r *runner) printSummary() {
 		if b.RedisCores > 0 {
 			fmt.Fprintf(w, "redis %.2f, ", b.RedisCores)
 		}
-		fmt.Fprintf(w, "ssebench %.2f, others %.2f\n", b.ClientCores, b.OtherCores)
+		fmt.Fprintf(w, "ssebench %.2f, ksoftirqd %.2f, others %.2f\n", b.ClientCores, b.SoftirqCores, b.OtherCores)
 	}
 	for _, e := range sortedErrs(res.Errors) {
 		fmt.Fprintf(w, "error:     %s ×%d\n", e, res.Errors[e])
