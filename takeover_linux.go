@@ -31,9 +31,10 @@ type loopSet struct {
 	noRing error
 }
 
-// ringEntries is how many sends one io_uring system call could take; the
-// loops submit every submitEvery.
-const ringEntries = 4096
+// ringEntries is how many sends one io_uring system call takes at most:
+// room for what a loop queues before it submits (submitEvery), and no more
+// (16 KiB of submissions, 8 KiB of completions per loop).
+const ringEntries = 2 * submitEvery
 
 // ringSwitch turns io_uring off when set to 0 (for comparing the two, or
 // where io_uring misbehaves); by default it is used where the kernel
