@@ -34,9 +34,7 @@ func TestRedisWithoutFunctions(t *testing.T) {
 	srv := redistest.Start(t)
 	srv.MustCLI("ACL", "SETUSER", "nofunc", "on", ">pw", "~*", "&*", "+@all", "-function", "-fcall", "-fcall_ro")
 	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, Username: "nofunc", Password: "pw"})
-	rec := newRedisRecorder()
-	defer hub.Subscribe(rec, []string{"s"}).Close()
-	srv.WaitShardSubscribers(t, broker.Key("s"), 1)
+	rec := follow(t, srv, hub, broker, "s")
 	first := publishTo(t, hub, "s", "via script")
 	script, err := os.ReadFile("redis_eval_publish.lua")
 	if err != nil {

@@ -47,6 +47,17 @@ func newRedisRecorder() *redisRecorder {
 	return &redisRecorder{events: map[int][]*replay.Event{}, signal: make(chan struct{}, 1)}
 }
 
+// follow subscribes a new recorder to channel on hub and waits until the
+// Redis server has the shard subscription; it ends with the test.
+func follow(t *testing.T, srv *redistest.Server, hub *Hub, broker *Redis, channel string) *redisRecorder {
+	t.Helper()
+	rec := newRedisRecorder()
+	sub := hub.Subscribe(rec, []string{channel})
+	t.Cleanup(func() { sub.Close() })
+	srv.WaitShardSubscribers(t, broker.Key(channel), 1)
+	return rec
+}
+
 func (r *redisRecorder) Deliver(slot int, ev *replay.Event) {
 	r.mu.Lock()
 	r.events[slot] = append(r.events[slot], ev)
@@ -108,9 +119,7 @@ func TestRedisPublishReachesOtherInstance(t *testing.T) {
 	srv := redistest.Start(t)
 	a, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
 	b, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
-	rec := newRedisRecorder()
-	defer b.Subscribe(rec, []string{"orders"}).Close()
-	srv.WaitShardSubscribers(t, broker.Key("orders"), 1)
+	rec := follow(t, srv, b, broker, "orders")
 
 	var sent []replay.Position
 	for i := range 5 {
@@ -210,9 +219,7 @@ func TestRedisReadFollowsReplayRules(t *testing.T) {
 func TestRedisDirectPublishWithRedisCLI(t *testing.T) {
 	srv := redistest.Start(t)
 	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
-	rec := newRedisRecorder()
-	defer hub.Subscribe(rec, []string{"wallet:7"}).Close()
-	srv.WaitShardSubscribers(t, broker.Key("wallet:7"), 1)
+	rec := follow(t, srv, hub, broker, "wallet:7")
 
 	srv.MustCLI("FCALL", FunctionPublish, "1", "sse:{wallet:7}", "balance", "line1\r\nline2")
 	ev := rec.waitFor(t, 0, 1)[0]
@@ -241,9 +248,7 @@ func TestRedisDirectPublishWithRedisCLI(t *testing.T) {
 func TestRedisInvalidEventsAreNotSentRaw(t *testing.T) {
 	srv := redistest.Start(t)
 	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
-	rec := newRedisRecorder()
-	defer hub.Subscribe(rec, []string{"x"}).Close()
-	srv.WaitShardSubscribers(t, broker.Key("x"), 1)
+	rec := follow(t, srv, hub, broker, "x")
 	p := publishTo(t, hub, "x", "good")
 	forged := fmt.Sprintf("%d:%d:%d:%d:%s%s", p.Epoch, p.Seq+1, p.Time, 9, "evil\ntype", "data")
 	srv.MustCLI("SPUBLISH", "sse:{x}", forged)
@@ -276,9 +281,7 @@ func TestRedisDownPublishFailsAndStreamsResume(t *testing.T) {
 	srv := redistest.Start(t)
 	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, DialTimeout: 200 * time.Millisecond,
 		ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond, MaxRetries: -1})
-	rec := newRedisRecorder()
-	defer hub.Subscribe(rec, []string{"a"}).Close()
-	srv.WaitShardSubscribers(t, broker.Key("a"), 1)
+	rec := follow(t, srv, hub, broker, "a")
 	publishTo(t, hub, "a", "before")
 	rec.waitFor(t, 0, 1)
 
@@ -312,9 +315,7 @@ func TestRedisPubSubKillLosesNothing(t *testing.T) {
 	srv := redistest.Start(t)
 	pub, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
 	sub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
-	rec := newRedisRecorder()
-	defer sub.Subscribe(rec, []string{"steady"}).Close()
-	srv.WaitShardSubscribers(t, broker.Key("steady"), 1)
+	rec := follow(t, srv, sub, broker, "steady")
 
 	const total = 400
 	done := make(chan struct{})
@@ -345,9 +346,7 @@ func TestRedisPubSubKillLosesNothing(t *testing.T) {
 func TestRedisQuietChannelIsRepaired(t *testing.T) {
 	srv := redistest.Start(t)
 	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: 200 * time.Millisecond})
-	rec := newRedisRecorder()
-	defer hub.Subscribe(rec, []string{"quiet"}).Close()
-	srv.WaitShardSubscribers(t, broker.Key("quiet"), 1)
+	rec := follow(t, srv, hub, broker, "quiet")
 	first := publishTo(t, hub, "quiet", "1")
 	rec.waitFor(t, 0, 1)
 	// an event appended as the function would, but never announced: as if
@@ -364,9 +363,7 @@ func TestRedisQuietChannelIsRepaired(t *testing.T) {
 func TestRedisFlushAllStartsNewEpoch(t *testing.T) {
 	srv := redistest.Start(t)
 	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
-	rec := newRedisRecorder()
-	defer hub.Subscribe(rec, []string{"f"}).Close()
-	srv.WaitShardSubscribers(t, broker.Key("f"), 1)
+	rec := follow(t, srv, hub, broker, "f")
 	old := publishTo(t, hub, "f", "old")
 	srv.MustCLI("FLUSHALL")
 	fresh := publishTo(t, hub, "f", "new")
@@ -387,9 +384,7 @@ func TestRedisFallbackLocal(t *testing.T) {
 	srv := redistest.Start(t)
 	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, FallbackLocal: true,
 		DialTimeout: 200 * time.Millisecond, ReadTimeout: 500 * time.Millisecond, MaxRetries: -1})
-	rec := newRedisRecorder()
-	defer hub.Subscribe(rec, []string{"l"}).Close()
-	srv.WaitShardSubscribers(t, broker.Key("l"), 1)
+	rec := follow(t, srv, hub, broker, "l")
 	real := publishTo(t, hub, "l", "via redis")
 	rec.waitFor(t, 0, 1)
 	srv.Kill()
@@ -433,9 +428,7 @@ func TestRedisHeadOfAFollowedChannel(t *testing.T) {
 	srv := redistest.Start(t)
 	pub, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
 	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
-	first := newRedisRecorder()
-	defer hub.Subscribe(first, []string{"orders"}).Close()
-	srv.WaitShardSubscribers(t, broker.Key("orders"), 1)
+	follow(t, srv, hub, broker, "orders") // this instance follows the channel
 	var last replay.Position
 	for i := range 3 {
 		last = publishTo(t, pub, "orders", fmt.Sprint("o", i))
