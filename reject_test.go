@@ -66,7 +66,7 @@ func do(t *testing.T, method, url string, hdr http.Header, body string) *http.Re
 	for k, v := range hdr {
 		req.Header[k] = v
 	}
-	resp, err := requestClient.Do(req)
+	resp, err := doAcrossReloads(requestClient, req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -186,7 +186,11 @@ func smallReceiveBuffer() *http.Client {
 // each time: a kept-alive one may have been closed by a reload.
 func (s *testServer) scrape() string {
 	s.t.Helper()
-	resp, err := requestClient.Get(s.base + "/metrics")
+	req, err := http.NewRequest(http.MethodGet, s.base+"/metrics", nil)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	resp, err := doAcrossReloads(requestClient, req) // scrapes follow reloads
 	if err != nil {
 		s.t.Fatal(err)
 	}
