@@ -53,6 +53,7 @@ type Redis struct {
 	reconnects  atomic.Uint64
 	up          atomic.Bool
 	scriptsOnly atomic.Bool // functions are forbidden: run scripts
+	loads       libraryLoads
 	stateMu     sync.Mutex
 	downLogged  bool
 	closed      atomic.Bool
@@ -216,7 +217,7 @@ func (b *Redis) callOn(ctx context.Context, conn *redis.Conn, node *redis.Client
 	}
 	reply, err := b.fcall(ctx, conn, key, function, readOnly, args...)
 	if isFunctionMissing(err) {
-		_, err = node.FunctionLoadReplace(ctx, redisFunctions).Result()
+		err = b.loadOn(ctx, node)
 		switch {
 		case functionsForbidden(err):
 			b.useScripts(err)
@@ -247,11 +248,20 @@ func (b *Redis) loadFunctions(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	if _, err := node.FunctionLoadReplace(ctx, redisFunctions).Result(); err != nil {
-		return err
-	}
-	b.log.Info("loaded the sse Redis functions", zap.String("node", node.Options().Addr))
-	return nil
+	return b.loadOn(ctx, node)
+}
+
+// loadOn loads the library on node, or waits for the load of it that is
+// already under way.
+func (b *Redis) loadOn(ctx context.Context, node *redis.Client) error {
+	addr := node.Options().Addr
+	return b.loads.do(ctx, addr, func(ctx context.Context) error {
+		if _, err := node.FunctionLoadReplace(ctx, redisFunctions).Result(); err != nil {
+			return err
+		}
+		b.log.Info("loaded the sse Redis functions", zap.String("node", addr))
+		return nil
+	})
 }
 
 // nodeFor returns the client of the primary that serves key.

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -460,14 +461,23 @@ func TestRedisHeadOfAFollowedChannel(t *testing.T) {
 
 	// new streams joining while events are published: each gets every
 	// event after its starting point, in order
+	// The publisher goes on until every joiner has joined, and ten events
+	// beyond: on a fast machine 200 events are out before 20 joins.
 	const events, joiners = 200, 20
+	var allJoined atomic.Bool
+	var published uint64
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for i := range events {
+		beyond := 0
+		for i := 0; i < events || beyond < 10; i++ {
 			if _, err := pub.Publish(context.Background(), "orders", Message{Type: "t", Data: []byte(fmt.Sprint("p", i))}, testLimits); err != nil {
 				t.Errorf("publish: %v", err)
 				return
+			}
+			published++
+			if allJoined.Load() {
+				beyond++
 			}
 		}
 	}()
@@ -486,8 +496,9 @@ func TestRedisHeadOfAFollowedChannel(t *testing.T) {
 		all = append(all, joined{rec, page.Head})
 		time.Sleep(2 * time.Millisecond) // spread the joins over the publishing
 	}
+	allJoined.Store(true)
 	<-done
-	end := last.Seq + events
+	end := last.Seq + published
 	for i, j := range all {
 		got := j.rec.waitFor(t, 0, 1)
 		deadline := time.Now().Add(redisWait)
@@ -524,15 +535,26 @@ func fcallCalls(info string) string {
 func TestRedisNewWatchSyncsOnAFreshRedis(t *testing.T) {
 	srv := redistest.Start(t)
 	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: time.Minute})
-	defer hub.Subscribe(newRedisRecorder(), []string{"orders"}).Close()
+	channels := make([]string, 50)
+	for i := range channels {
+		channels[i] = "orders-" + strconv.Itoa(i)
+	}
+	defer hub.Subscribe(newRedisRecorder(), channels).Close()
 	deadline := time.Now().Add(redisWait)
-	for {
-		if _, ok := broker.watch.delivered(broker.Key("orders")); ok {
-			return
+	for _, channel := range channels {
+		for {
+			if _, ok := broker.watch.delivered(broker.Key(channel)); ok {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the new watch of %s was not synced", channel)
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the new watch was not synced")
-		}
-		time.Sleep(10 * time.Millisecond)
+	}
+	// the check found the library missing for every channel: one load
+	// serves them all
+	if loads := commandCalls(srv.MustCLI("INFO", "commandstats"), "cmdstat_function|load"); loads != "calls=1" {
+		t.Fatalf("FUNCTION LOAD: %s, want calls=1", loads)
 	}
 }

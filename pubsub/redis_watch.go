@@ -692,6 +692,8 @@ func (s *shard) checkBatch(keys []string) (again []string) {
 	}
 	_, _ = pipe.Exec(ctx) // each command's error is looked at below
 	var moved []string
+	var lerr error
+	loaded := false // the keys of a shard are on one primary: one load serves the batch
 	for i, cmd := range cmds {
 		reply, err := cmd.Result()
 		switch {
@@ -699,7 +701,9 @@ func (s *shard) checkBatch(keys []string) (again []string) {
 			s.w.b.useScripts(err)
 			continue
 		case isFunctionMissing(err):
-			lerr := s.w.b.loadFunctions(ctx, keys[i])
+			if !loaded {
+				lerr, loaded = s.w.b.loadFunctions(ctx, keys[i]), true
+			}
 			if functionsForbidden(lerr) {
 				s.w.b.useScripts(lerr)
 			}
