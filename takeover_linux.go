@@ -108,6 +108,9 @@ func (ls *loopSet) adopt(s *stream, tcp *net.TCPConn, tc *tls.Conn) bool {
 	if err != nil {
 		return false
 	}
+	if tc == nil {
+		s.buf = nil // the loop lends it one while it writes (lendScratch)
+	}
 	l.adopt(s, &tconn{loop: l, fd: fd, tls: tc})
 	return true
 }
@@ -165,6 +168,9 @@ type pollLoop struct {
 	// only); the current stream's starts at chunkAt.
 	chunk   []byte
 	chunkAt int
+	// scratch is the formatting buffer lent to the stream being written
+	// (lendScratch).
+	scratch []byte
 	// ring, if io_uring is available, sends what the streams of a round
 	// wrote with one system call; queue is those sends, to whom.
 	ring   *uring.Ring
@@ -501,7 +507,9 @@ func (l *pollLoop) service(s *stream) {
 	}
 	l.chunk = l.chunk[:l.chunkAt] // nothing half-written is left before this stream's chunk
 	l.batching = l.ring != nil
+	lent := l.lendScratch(s)
 	rest, err := s.drainBatch(context.Background(), batch, false)
+	l.takeScratch(s, lent)
 	l.batching = false
 	if err != nil && tk.queued {
 		l.sendQueued() // what it wrote goes out before anything else happens to it
@@ -526,10 +534,36 @@ func (l *pollLoop) close(s *stream, n *closeNotice) {
 		return
 	}
 	if len(tk.pending) == 0 {
+		lent := l.lendScratch(s)
 		_ = s.writeClosing(n)
+		l.takeScratch(s, lent)
 		_ = tk.send([]byte("0\r\n\r\n"))
 	}
 	l.end(s, nil)
+}
+
+// lendScratch lends the loop's formatting buffer to a stream that has none.
+// A cleartext stream needs one only while the loop writes it (what it
+// formats is copied into the round's chunk at once), so idle streams do not
+// each keep one (about 150 bytes). A stream that has its own (a TLS stream,
+// written on goroutines) keeps using it.
+func (l *pollLoop) lendScratch(s *stream) bool {
+	if s.buf != nil {
+		return false
+	}
+	s.buf, l.scratch = l.scratch[:0], nil
+	return true
+}
+
+// takeScratch takes back what lendScratch lent, before the stream can be
+// handed to a goroutine (slow) that would write into it.
+func (l *pollLoop) takeScratch(s *stream, lent bool) {
+	if lent {
+		l.scratch, s.buf = s.buf[:0], nil
+		if cap(l.scratch) > 1<<20 {
+			l.scratch = nil // do not keep a huge event's buffer
+		}
+	}
 }
 
 // closeTLS writes a TLS stream's last words on a goroutine, which then
@@ -608,6 +642,9 @@ func (l *pollLoop) takeReturned() {
 	for _, r := range returned {
 		tk := r.s.tk.Load()
 		r.s.out = &tk.lw
+		if tk.tls == nil {
+			r.s.buf = nil // its goroutine is done with it; the loop lends one
+		}
 		tk.busy.Store(false)
 		if r.err != nil || r.end {
 			l.end(r.s, r.err)
