@@ -62,13 +62,17 @@ end
 
 -- trim drops the oldest entries while the stream holds more than count
 -- events or bytes, or entries older than cutoff; it returns the bytes left.
+-- A publish usually drops no entry or one: it reads the oldest two first
+-- (turning 64 entries into Lua tables made a publish cost Redis 69 us),
+-- and more at a time only while whole batches go.
 local function trim(skey, count, max_bytes, cutoff, bytes)
   local len = redis.call('XLEN', skey)
   local keep_from = nil
   local dropped = 0
   local start = '-'
+  local want = 2
   while len > 0 and keep_from == nil do
-    local batch = redis.call('XRANGE', skey, start, '+', 'COUNT', 64)
+    local batch = redis.call('XRANGE', skey, start, '+', 'COUNT', want)
     if #batch == 0 then break end
     for _, entry in ipairs(batch) do
       local t = parse_id(entry[1])
@@ -84,7 +88,10 @@ local function trim(skey, count, max_bytes, cutoff, bytes)
         break
       end
     end
-    if keep_from == nil then start = '(' .. batch[#batch][1] end
+    if keep_from == nil then
+      start = '(' .. batch[#batch][1]
+      want = math.min(want * 4, 64)
+    end
   end
   if dropped > 0 then
     if keep_from then

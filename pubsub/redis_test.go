@@ -558,3 +558,53 @@ func TestRedisNewWatchSyncsOnAFreshRedis(t *testing.T) {
 		t.Fatalf("FUNCTION LOAD: %s, want calls=1", loads)
 	}
 }
+
+// A publish with lower limits than the history was kept with drops many
+// entries at once (the trim reads them in growing batches): what is left
+// is exactly the newest events within the new limits, by count and by
+// bytes.
+func TestRedisTrimDropsManyEntriesAtOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	hub, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	ctx := context.Background()
+	wide := replay.Limits{Count: 1000, MaxAge: time.Hour, MaxBytes: 1 << 20}
+	const kept = 300
+	for _, tc := range []struct {
+		name   string
+		narrow replay.Limits
+		left   int
+	}{
+		{"count", replay.Limits{Count: 10, MaxAge: time.Hour, MaxBytes: 1 << 20}, 10},
+		// every event is 10 bytes of data plus the type and the per-entry
+		// overhead the script counts: a budget of 7.5 events keeps 7
+		{"bytes", replay.Limits{Count: 1000, MaxAge: time.Hour, MaxBytes: 0}, 7},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			channel := "trim-" + tc.name
+			data := func(i int) []byte { return fmt.Appendf(nil, "%010d", i) }
+			for i := 1; i < kept; i++ {
+				if _, err := hub.Publish(ctx, channel, Message{Type: "t", Data: data(i)}, wide); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.narrow.MaxBytes == 0 {
+				tc.narrow.MaxBytes = (10 + 1 + 64) * 15 / 2 // 64: OVERHEAD in redis.lua
+			}
+			last, err := hub.Publish(ctx, channel, Message{Type: "t", Data: data(kept)}, tc.narrow)
+			if err != nil {
+				t.Fatal(err)
+			}
+			page, err := hub.Read(ctx, channel, &replay.Position{}, 1000)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(page.Events) != tc.left || page.Head != last {
+				t.Fatalf("%d events left (head %+v), want the newest %d (head %+v)", len(page.Events), page.Head, tc.left, last)
+			}
+			assertContiguous(t, page.Events, uint64(kept-tc.left+1))
+			if oldest := page.Events[0].Frame; !strings.Contains(string(oldest), string(data(kept-tc.left+1))) {
+				t.Fatalf("oldest kept event %q, want data %s", oldest, data(kept-tc.left+1))
+			}
+		})
+	}
+}
