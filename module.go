@@ -202,7 +202,8 @@ type Handler struct {
 
 	logger *zap.Logger
 	hub    *pubsub.Hub
-	loops  *loopSet // the takeover writer's event loops, if used
+	loops  *loopSet  // the takeover writer's event loops, if used
+	steps  *stepPool // runs the steps of HTTP/2 and HTTP/3 streams (stack.go)
 
 	channelTemplates  []template
 	principalTemplate template
@@ -270,6 +271,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 	}
 	h.streams = newRegistry(h.logger, h.heartbeat(), h.closeJitter(), time.Duration(h.SlowClientTimeout))
+	h.steps = newStepPool()
 	return h.closeStreamsWhenStopping(ctx)
 }
 
@@ -448,6 +450,7 @@ func (h *Handler) Cleanup() error {
 		h.streams.waitTakenOver(takenOverGrace)
 		h.streams.stop()
 	}
+	h.steps.stop()
 	if h.metrics != nil {
 		releaseMetrics()
 	}

@@ -10,22 +10,23 @@ import "net/http"
 // writing through Caddy's writers and net/http2's frames — goes past 8 KiB
 // at some point, and the runtime then doubles the stack to 16 KiB and keeps
 // it (it shrinks a stack only when a quarter of it is in use). So that work
-// runs on goroutines of its own, started for each step, whose stacks are
-// gone when they end; the handler goroutine waits for them. An idle HTTP/2
-// stream's stacks: 16.1 → 8.5 KiB.
+// runs on other goroutines, which a step pool keeps (steps.go); the
+// handler goroutine waits for them. An idle HTTP/2 stream's stacks: 16.1 →
+// 8.5 KiB.
 
 // keepsHandlerGoroutine tells whether a stream of r keeps its handler
 // goroutine for its whole life whatever the writer: HTTP/2 and HTTP/3.
 func keepsHandlerGoroutine(r *http.Request) bool { return r.ProtoMajor >= 2 }
 
-// onOwnStack runs f, the stream's next step, on a goroutine of its own if
-// the stream's handler goroutine stays with it, and waits for it.
+// onOwnStack runs f, the stream's next step, on a goroutine of the
+// handler's step pool if the stream's handler goroutine stays with it, and
+// waits for it.
 func (s *stream) onOwnStack(f func() error) error {
 	if !s.ownStacks {
 		return f()
 	}
 	var err error
-	onOwnStackIf(true, func() { err = f() })
+	s.h.steps.run(func() { err = f() })
 	return err
 }
 
@@ -33,20 +34,13 @@ func (s *stream) onOwnStack(f func() error) error {
 // (onOwnStack).
 func (s *stream) writeOnOwnStacks() { s.ownStacks = true }
 
-// onOwnStackIf runs f on a goroutine of its own if own, and waits for it.
-// A panic in f is raised again on the calling goroutine, where net/http
-// recovers it as it would have.
-func onOwnStackIf(own bool, f func()) {
+// onOwnStackIf runs f on a goroutine of the step pool if own, and waits
+// for it. A panic in f is raised again on the calling goroutine, where
+// net/http recovers it as it would have.
+func (h *Handler) onOwnStackIf(own bool, f func()) {
 	if !own {
 		f()
 		return
 	}
-	done := make(chan any, 1)
-	go func() {
-		defer func() { done <- recover() }()
-		f()
-	}()
-	if p := <-done; p != nil {
-		panic(p)
-	}
+	h.steps.run(f)
 }

@@ -29,7 +29,7 @@ func (h *Handler) subscribe(w http.ResponseWriter, r *http.Request) error {
 	var s *stream
 	var start startingPoint
 	var err error
-	onOwnStackIf(keepsHandlerGoroutine(r), func() { s, start, err = h.openStream(w, r) })
+	h.onOwnStackIf(keepsHandlerGoroutine(r), func() { s, start, err = h.openStream(w, r) })
 	if s == nil {
 		return err
 	}
