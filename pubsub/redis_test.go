@@ -608,3 +608,44 @@ func TestRedisTrimDropsManyEntriesAtOnce(t *testing.T) {
 		})
 	}
 }
+
+// A subscription Redis never confirms (its reply lost on a connection that
+// otherwise works) would leave the channel unwatched for good: after a
+// check interval without any confirmation the shard reconnects and
+// subscribes every key again.
+func TestRedisUnconfirmedSubscriptionsAreSentAgain(t *testing.T) {
+	srv := redistest.Start(t)
+	pub, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: 200 * time.Millisecond})
+	rec := follow(t, srv, hub, broker, "orders")
+	pubsubClients := func() string { // their ids
+		var ids []string
+		for _, field := range strings.Fields(srv.MustCLI("CLIENT", "LIST", "TYPE", "pubsub")) {
+			if strings.HasPrefix(field, "id=") {
+				ids = append(ids, field)
+			}
+		}
+		return strings.Join(ids, " ")
+	}
+	before := pubsubClients()
+
+	broker.watch.mu.Lock()
+	s := broker.watch.shards["main"]
+	broker.watch.mu.Unlock()
+	s.mu.Lock()
+	s.unconfirmed++ // a subscription whose confirmation never comes
+	s.mu.Unlock()
+
+	deadline := time.Now().Add(redisWait)
+	for pubsubClients() == before {
+		if time.Now().After(deadline) {
+			t.Fatal("the shard kept a connection with an unconfirmed subscription")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	srv.WaitShardSubscribers(t, broker.Key("orders"), 1)
+	publishTo(t, pub, "orders", "after")
+	if got := rec.waitFor(t, 0, 1); !strings.Contains(string(got[len(got)-1].Frame), "after") {
+		t.Fatalf("last event %q, want the one published after the connection was replaced", got[len(got)-1].Frame)
+	}
+}

@@ -408,8 +408,9 @@ type shard struct {
 	mu          sync.Mutex
 	keys        map[string]*watch
 	ps          *redis.PubSub
-	unconfirmed int      // subscriptions sent and not yet confirmed
-	toSync      []string // confirmed, head not yet compared
+	unconfirmed int       // subscriptions sent and not yet confirmed
+	confirming  time.Time // when the last confirmation came, or the first was awaited
+	toSync      []string  // confirmed, head not yet compared
 	lastCheck   time.Time
 	wake        chan struct{}
 	quit        chan struct{}
@@ -448,7 +449,7 @@ func (s *shard) subscribe(keys []string) {
 	s.mu.Lock()
 	ps := s.ps
 	if ps != nil {
-		s.unconfirmed += len(keys)
+		s.awaitLocked(len(keys))
 	}
 	s.mu.Unlock()
 	if ps == nil {
@@ -550,7 +551,8 @@ func (s *shard) connect() *redis.PubSub {
 	for key := range s.keys {
 		keys = append(keys, key)
 	}
-	s.unconfirmed = len(keys)
+	s.unconfirmed = 0
+	s.awaitLocked(len(keys))
 	s.toSync = s.toSync[:0]
 	s.mu.Unlock()
 	if len(keys) > 0 {
@@ -606,6 +608,7 @@ func (s *shard) onSubscription(m *redis.Subscription) {
 	switch m.Kind {
 	case "ssubscribe":
 		s.unconfirmed--
+		s.confirming = time.Now()
 		s.toSync = append(s.toSync, m.Channel)
 	case "sunsubscribe":
 		if ours {
@@ -616,6 +619,24 @@ func (s *shard) onSubscription(m *redis.Subscription) {
 		}
 	}
 	s.mu.Unlock()
+}
+
+// awaitLocked counts n subscriptions sent; the clock of confirmations
+// starts when the first is awaited.
+func (s *shard) awaitLocked(n int) {
+	if s.unconfirmed <= 0 {
+		s.confirming = time.Now()
+	}
+	s.unconfirmed += n
+}
+
+// unconfirmedTooLong reports whether subscriptions have waited a whole
+// check interval without any being confirmed. Redis confirms each one at
+// once; one that never is (a reply lost in a connection that otherwise
+// works) would leave its channel unwatched for good, so the connection is
+// replaced and every key subscribed again.
+func (s *shard) unconfirmedTooLong() bool {
+	return s.unconfirmed > 0 && time.Since(s.confirming) >= s.w.b.opts.CheckInterval
 }
 
 // moveAway sends every key of this shard back to the manager, which places
@@ -644,6 +665,16 @@ func (s *shard) maybeCheck(idle bool) {
 	s.mu.Lock()
 	var keys []string
 	full := time.Since(s.lastCheck) >= s.w.b.opts.CheckInterval
+	if full && s.unconfirmedTooLong() {
+		ps, waiting := s.ps, s.unconfirmed
+		s.mu.Unlock()
+		s.w.b.log.Warn("Redis did not confirm channel subscriptions; reconnecting to subscribe again",
+			zap.String("shard", s.id), zap.Int("unconfirmed", waiting))
+		if ps != nil {
+			s.kill(ps)
+		}
+		return
+	}
 	switch {
 	case full:
 		s.lastCheck = time.Now()
