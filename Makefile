@@ -52,7 +52,8 @@ test:
 .PHONY: bench bench-build bench-idle bench-fanout bench-fanout20 bench-fanout30 bench-spread bench-ramp bench-churn \
 	bench-reconnect bench-scaleout bench-idle-tls bench-idle-h2 bench-floor bench-profile-fanout bench-profile-fanout20 \
 	bench-profile-idle bench-profile-churn bench-redis bench-redis-idle bench-redis-fanout bench-redis-fanout20 \
-	bench-redis-spread bench-redis-reconnect bench-redis-fanout-direct
+	bench-redis-spread bench-redis-spread-direct bench-redis-ramp bench-redis-reconnect \
+	bench-redis-fanout-direct
 
 ## bench: every scenario of the performance issue (about 8 minutes on a quiet machine)
 bench: bench-idle bench-fanout bench-fanout20 bench-fanout30 bench-spread bench-ramp bench-churn bench-reconnect bench-scaleout
@@ -101,7 +102,8 @@ bench-scaleout: bench-build
 	$(SSEBENCH) scaleout -url $(BENCH_SCALEOUT_URLS) -conns $(BENCH_SCALEOUT_CONNS) -procs 3 -rate 5 -duration 30s -ramp-timeout 3m $(SPAWN_SCALEOUT)
 
 ## redis: the scenarios above with one Caddy on a spawned Redis (Caddyfile.redis), and bench-scaleout
-bench-redis: bench-redis-idle bench-redis-fanout bench-redis-fanout20 bench-redis-spread bench-redis-reconnect bench-scaleout
+bench-redis: bench-redis-idle bench-redis-fanout bench-redis-fanout20 bench-redis-spread bench-redis-spread-direct bench-redis-ramp \
+	bench-redis-reconnect bench-scaleout
 
 bench-redis-idle: bench-build
 	$(SSEBENCH) idle -url $(BENCH_URL) -conns $(BENCH_CONNS) -channels 1000 $(SPAWN_REDIS)
@@ -114,6 +116,14 @@ bench-redis-fanout20: bench-build
 
 bench-redis-spread: bench-build
 	$(SSEBENCH) spread -url $(BENCH_URL) -conns $(BENCH_CONNS) -channels 1000 -rate 500 -duration 30s $(SPAWN_REDIS)
+
+## redis-spread-direct: bench-redis-spread with the events published straight into Redis, as a backend would
+bench-redis-spread-direct: bench-build
+	$(SSEBENCH) spread -url $(BENCH_URL) -conns $(BENCH_CONNS) -channels 1000 -rate 500 -duration 30s -publish-redis spawned $(SPAWN_REDIS)
+
+## redis-ramp: bench-ramp with one Caddy on a spawned Redis
+bench-redis-ramp: bench-build
+	$(SSEBENCH) idle -url $(BENCH_URL) -conns $(BENCH_CONNS) -channels 1000 -settle 0 $(SPAWN_REDIS)
 
 bench-redis-reconnect: bench-build
 	$(SSEBENCH) reconnect -url $(BENCH_URL) -conns $(BENCH_CONNS) -events 100 -rate 20 -config $(BENCH_REDIS_CONFIG) -close-jitter 5s $(SPAWN_REDIS)
