@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -266,7 +267,7 @@ func (l *pollLoop) adopt(s *stream, tk *tconn) {
 	l.mu.Unlock()
 	l.count.Add(1)
 	ev := tk.event(unix.EPOLLIN | unix.EPOLLRDHUP)
-	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+	if err := epollAddRaw(l.epfd, fd, &ev); err != nil {
 		l.mu.Lock()
 		delete(l.byToken, tk.token)
 		l.mu.Unlock()
@@ -301,7 +302,7 @@ func detach(tcp *net.TCPConn) (int, error) {
 		return -1, err
 	}
 	dup, derr := -1, error(nil)
-	if err := raw.Control(func(f uintptr) { dup, derr = unix.FcntlInt(f, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+	if err := raw.Control(func(f uintptr) { dup, derr = dupRaw(f) }); err != nil {
 		return -1, err
 	}
 	if derr != nil {
@@ -309,6 +310,32 @@ func detach(tcp *net.TCPConn) (int, error) {
 	}
 	_ = tcp.Close()
 	return dup, nil
+}
+
+// The hand-off's two system calls that cannot block are made raw, without
+// telling the Go scheduler. During a burst of new streams the scheduler
+// took each such call on a request goroutine for one that might block and
+// handed its processor to another thread: after a ramp of 10k streams the
+// server had 11 to 114 threads, whose stacks count in its memory; with
+// raw calls it keeps 10 (docs/PERFORMANCE.md).
+
+// dupRaw duplicates fd (close-on-exec).
+func dupRaw(fd uintptr) (int, error) {
+	r, _, errno := unix.RawSyscall(unix.SYS_FCNTL, fd, unix.F_DUPFD_CLOEXEC, 0)
+	if errno != 0 {
+		return -1, errno
+	}
+	return int(r), nil
+}
+
+// epollAddRaw adds fd to the epoll instance epfd.
+func epollAddRaw(epfd, fd int, ev *unix.EpollEvent) error {
+	_, _, errno := unix.RawSyscall6(unix.SYS_EPOLL_CTL, uintptr(epfd), unix.EPOLL_CTL_ADD, uintptr(fd),
+		uintptr(unsafe.Pointer(ev)), 0, 0)
+	if errno != 0 {
+		return errno
+	}
+	return nil
 }
 
 // socketFD is the socket's descriptor, which Go keeps open until tcp is
