@@ -200,12 +200,14 @@ type tconn struct {
 	bw        *connWriter // the writer of its goroutines, made when first needed
 	lw        loopWriter
 	scheduled atomic.Bool
-	busy      atomic.Bool  // a goroutine of its own has the stream
-	blocked   atomic.Int64 // Unix nanoseconds since the socket stopped taking bytes; 0 if it takes them
-	pending   []byte       // bytes the socket has not taken yet
+	busy      atomic.Bool           // a goroutine of its own has the stream
+	blocked   atomic.Int64          // Unix nanoseconds since the socket stopped taking bytes; 0 if it takes them
+	pending   []byte                // bytes the socket has not taken yet
+	unwatched atomic.Pointer[error] // the epoll instance refused it: the loop ends it
+	adopting  atomic.Bool           // adopt has not added it to the epoll instance yet
 	outArmed  bool
-	ended     bool
-	queued    bool // a send of it waits in the loop's queue
+	ended     atomic.Bool // claimed by whoever ends it: the loop (end) or a failed hand-off
+	queued    bool        // a send of it waits in the loop's queue
 }
 
 type slowResult struct {
@@ -250,15 +252,21 @@ func (l *pollLoop) adopt(s *stream, tk *tconn) {
 	fd := tk.fd
 	tk.lw = loopWriter{tk: tk, s: s}
 	// the loop may see the connection's events as soon as it is added:
-	// the stream must be ready for them by then
+	// the stream must be ready for them by then. Until it is added the
+	// loop leaves it alone: ending it meanwhile (a close scheduled by a
+	// reload) would close a descriptor this goroutine is about to add.
+	tk.adopting.Store(true)
 	s.out = &tk.lw
 	s.tk.Store(tk)
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
-		s.tk.Store(nil)
-		tk.closeConn() // the loops are stopping: so is the server
-		s.endDetached(errors.New("the server is stopping"))
+		// the loops are stopping: so is the server. The loop may have
+		// ended the stream already if it was scheduled meanwhile.
+		if tk.ended.CompareAndSwap(false, true) {
+			tk.closeConn()
+			s.endDetached(errors.New("the server is stopping"))
+		}
 		return
 	}
 	l.lastToken++
@@ -268,16 +276,13 @@ func (l *pollLoop) adopt(s *stream, tk *tconn) {
 	l.count.Add(1)
 	ev := tk.event(unix.EPOLLIN | unix.EPOLLRDHUP)
 	if err := epollAddRaw(l.epfd, fd, &ev); err != nil {
-		l.mu.Lock()
-		delete(l.byToken, tk.token)
-		l.mu.Unlock()
-		l.count.Add(-1)
-		tk.closeConn()
-		s.tk.Store(nil)
-		s.endDetached(err)
-		return
+		// the loop ends it: it may be writing or ending it already (the
+		// stream could be scheduled as soon as tk was stored), and a
+		// stream must end once
+		tk.unwatched.Store(&err)
 	}
-	l.schedule(s) // whatever was queued while the stream started
+	tk.adopting.Store(false)
+	l.schedule(s) // whatever was queued while the stream started, or its end
 }
 
 // closeConn closes the stream's connection: our descriptor, or a TLS
@@ -444,7 +449,7 @@ func (l *pollLoop) handle(ev unix.EpollEvent) {
 		return
 	}
 	tk := s.tk.Load()
-	if tk.ended || tk.busy.Load() {
+	if tk.ended.Load() || tk.busy.Load() || tk.adopting.Load() {
 		return
 	}
 	if ev.Events&(unix.EPOLLHUP|unix.EPOLLERR|unix.EPOLLRDHUP) != 0 {
@@ -506,7 +511,11 @@ func (l *pollLoop) serviceReady() {
 // heartbeat. Anything that may block goes to a goroutine (slow).
 func (l *pollLoop) service(s *stream) {
 	tk := s.tk.Load()
-	if tk.ended || tk.busy.Load() {
+	if tk.ended.Load() || tk.busy.Load() || tk.adopting.Load() {
+		return // adopt schedules it again when it is done
+	}
+	if err := tk.unwatched.Load(); err != nil {
+		l.end(s, *err)
 		return
 	}
 	if n := s.closing.Load(); n != nil {
@@ -540,7 +549,7 @@ func (l *pollLoop) service(s *stream) {
 	l.batching = false
 	if err != nil && tk.queued {
 		l.sendQueued() // what it wrote goes out before anything else happens to it
-		if tk.ended {
+		if tk.ended.Load() {
 			return
 		}
 	}
@@ -707,10 +716,9 @@ func (l *pollLoop) end(s *stream, err error) {
 	if tk.queued {
 		l.sendQueued() // before its descriptor is closed (a failed send may end it)
 	}
-	if tk.ended {
-		return
+	if !tk.ended.CompareAndSwap(false, true) {
+		return // it ends once
 	}
-	tk.ended = true
 	_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, tk.fd, nil)
 	l.mu.Lock()
 	delete(l.byToken, tk.token)
