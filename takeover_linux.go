@@ -206,7 +206,7 @@ type tconn struct {
 	unwatched atomic.Pointer[error] // the epoll instance refused it: the loop ends it
 	adopting  atomic.Bool           // adopt has not added it to the epoll instance yet
 	outArmed  bool
-	ended     atomic.Bool // claimed by whoever ends it: the loop (end) or a failed hand-off
+	ended     atomic.Bool // claimed by whoever ends it: the loop (end), or a hand-off to a stopping loop
 	queued    bool        // a send of it waits in the loop's queue
 }
 

@@ -20,7 +20,7 @@ type libraryLoads struct {
 type libraryLoad struct {
 	done    chan struct{}
 	err     error
-	waiting int // callers waiting for it (under libraryLoads.mu)
+	waiting int // callers waiting for it (under libraryLoads.mu; tests wait for them)
 }
 
 // libraryLoadTimeout bounds a load that callers share: it does not end
