@@ -179,7 +179,7 @@ func lastEventID(r *http.Request) string {
 	if id := r.Header.Get("Last-Event-ID"); id != "" {
 		return id
 	}
-	return r.URL.Query().Get("lastEventID")
+	return queryFirst(r.URL, "lastEventID")
 }
 
 // startingPoint is what a stream writes before going live: per channel the

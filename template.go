@@ -92,7 +92,6 @@ func (t template) resolve(r *http.Request, repl *caddy.Replacer) (string, bool) 
 		return t.parts[0].value, true
 	}
 	var b strings.Builder
-	var query map[string][]string
 	for _, p := range t.parts {
 		var v string
 		switch p.kind {
@@ -100,10 +99,7 @@ func (t template) resolve(r *http.Request, repl *caddy.Replacer) (string, bool) 
 			b.WriteString(p.value)
 			continue
 		case partQuery:
-			if query == nil {
-				query = r.URL.Query()
-			}
-			v = strings.Join(query[p.value], ",")
+			v = queryValues(r.URL, p.value)
 		case partHeader:
 			v = strings.Join(r.Header[p.value], ",")
 		}

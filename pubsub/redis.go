@@ -55,6 +55,7 @@ type Redis struct {
 	scriptsOnly atomic.Bool // functions are forbidden: run scripts
 	loads       libraryLoads
 	stateMu     sync.Mutex
+	wentDown    chan struct{} // closed when Redis stops answering; replaced when it answers again
 	downLogged  bool
 	closed      atomic.Bool
 }
@@ -70,6 +71,7 @@ func NewRedis(opts RedisOptions, deliver DeliverFunc) (*Redis, error) {
 	}
 	b := &Redis{opts: opts, client: client, cluster: cluster, deliver: deliver, log: opts.Logger}
 	b.up.Store(true)
+	b.wentDown = make(chan struct{})
 	b.local.epoch = newLocalEpoch()
 	b.local.seqs = make(map[string]uint64)
 	b.watch = newWatcher(b)
@@ -160,7 +162,7 @@ func (b *Redis) Read(ctx context.Context, channel string, after *replay.Position
 	}
 	key := b.Key(channel)
 	if after == nil && b.up.Load() {
-		if head, ok := b.watch.delivered(key); ok {
+		if head, ok := b.watch.startAt(ctx, key); ok {
 			return replay.Page{Head: head}, nil
 		}
 	}
@@ -334,11 +336,21 @@ func (b *Redis) setUp(up bool, err error) {
 		return
 	}
 	if up {
+		b.wentDown = make(chan struct{})
 		b.log.Info("redis is reachable again")
 		b.watch.recovered()
 	} else {
+		close(b.wentDown)
 		b.log.Error("redis is unreachable", zap.Error(err))
 	}
+}
+
+// downSignal returns a channel closed when Redis stops answering (at once
+// if it does not answer now).
+func (b *Redis) downSignal() <-chan struct{} {
+	b.stateMu.Lock()
+	defer b.stateMu.Unlock()
+	return b.wentDown
 }
 
 // Available reports whether Redis answered the last command sent to it.

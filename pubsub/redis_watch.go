@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -45,15 +46,30 @@ type watcher struct {
 	wg      sync.WaitGroup
 }
 
-// watch is one watched channel. mu serializes its deliveries.
+// watch is one watched channel. mu serializes its deliveries; new streams
+// read last under its read lock, so that many at once do not turn each
+// other away.
 type watch struct {
 	channel, key string
 
-	mu         sync.Mutex
+	mu         sync.RWMutex
 	last       replay.Position
 	known      bool
 	warnedType bool
+
+	// ready is closed once last is known (or the watch is dropped): the
+	// streams that join a channel before its first sync wait for it
+	// (startAt) instead of each reading the head from Redis.
+	ready     chan struct{}
+	readyOnce sync.Once
 }
+
+func newWatch(channel, key string) *watch {
+	return &watch{channel: channel, key: key, ready: make(chan struct{})}
+}
+
+// markReady wakes the streams waiting for the watch's first sync.
+func (wt *watch) markReady() { wt.readyOnce.Do(func() { close(wt.ready) }) }
 
 func newWatcher(b *Redis) *watcher {
 	return &watcher{
@@ -75,8 +91,11 @@ func (w *watcher) want(channel string, wanted bool) {
 	if w.closed {
 		return
 	}
+	if old := w.byKey[key]; old != nil {
+		old.markReady() // replaced or dropped: its waiters read Redis
+	}
 	if wanted {
-		wt := &watch{channel: channel, key: key}
+		wt := newWatch(channel, key)
 		w.byKey[key] = wt
 		w.pending[key] = wt
 	} else {
@@ -102,15 +121,62 @@ func (w *watcher) want(channel string, wanted bool) {
 // head read from Redis: every later event reaches it through this watch,
 // in order, announced or repaired — one Redis call less per connection.
 func (w *watcher) delivered(key string) (replay.Position, bool) {
-	w.mu.Lock()
-	wt := w.byKey[key]
-	w.mu.Unlock()
-	if wt == nil || !wt.mu.TryLock() {
+	return w.lookup(key).delivered()
+}
+
+// isKnown reports whether the watch has had its first sync (or event):
+// ready is closed then, or when the watch was dropped, and a dropped
+// watch needs no sync either.
+func (wt *watch) isKnown() bool {
+	select {
+	case <-wt.ready:
+		return true
+	default:
+		return false
+	}
+}
+
+func (wt *watch) delivered() (replay.Position, bool) {
+	if wt == nil || !wt.mu.TryRLock() {
 		return replay.Position{}, false
 	}
-	defer wt.mu.Unlock()
+	defer wt.mu.RUnlock()
 	return wt.last, wt.known
 }
+
+// startAt is delivered for a stream that just subscribed: if the channel's
+// watch has not had its first sync yet, it waits for it, for at most
+// syncWait. A burst of new streams (a ramp, a reconnect storm) then costs
+// Redis one pipelined head read per channel, made by the shard's check,
+// instead of a read per stream queueing for the connection pool: with 1000
+// new channels a ramp had 580 streams waiting for a pooled connection at
+// once and a connect p99 of 0.6-1.3 s (docs/PERFORMANCE.md).
+func (w *watcher) startAt(ctx context.Context, key string) (replay.Position, bool) {
+	wt := w.lookup(key)
+	if wt == nil {
+		return replay.Position{}, false
+	}
+	select {
+	case <-wt.ready:
+	default:
+		timer := time.NewTimer(syncWait)
+		defer timer.Stop()
+		select {
+		case <-wt.ready:
+		case <-timer.C:
+		case <-ctx.Done():
+		case <-w.b.downSignal(): // no sync to wait for: the stream opens degraded
+		}
+	}
+	return wt.delivered()
+}
+
+// syncWait bounds how long a new stream waits for its channel's first
+// sync before it reads the head itself: a sync takes a few round trips
+// (subscribe, confirmation, pipelined check), more on a saturated machine;
+// it never comes if this instance cannot subscribe at all. A stream stops
+// waiting at once when Redis is found down.
+const syncWait = time.Second
 
 // count returns how many channels of streams are watched (not the
 // internal channel of throttles).
@@ -267,6 +333,9 @@ func (w *watcher) close() {
 	}
 	w.closed = true
 	close(w.stop)
+	for _, wt := range w.byKey {
+		wt.markReady()
+	}
 	shards := make([]*shard, 0, len(w.shards))
 	for _, s := range w.shards {
 		shards = append(shards, s)
@@ -283,6 +352,7 @@ func (w *watcher) close() {
 // before the last delivered position but newer than it: a failover lost
 // events) is delivered as is; streams end on it and are told on reconnect.
 func (w *watcher) accept(wt *watch, ev *replay.Event) {
+	defer wt.markReady() // known now; after the unlock, so that startAt's read lock is free
 	wt.mu.Lock()
 	defer wt.mu.Unlock()
 	switch {
@@ -341,35 +411,28 @@ func (w *watcher) repairLocked(wt *watch) {
 // event published in between may never be announced here. The newest event
 // is therefore delivered at the first sync: a stream that is behind it sees
 // a gap and reads the history, the others drop it as a duplicate.
-func (w *watcher) syncHead(wt *watch, head replay.Position) {
+//
+// newest is that event, read in the same check as head (nil if there is
+// none, or if it was not read).
+func (w *watcher) syncHead(wt *watch, head replay.Position, newest *replay.Event) {
+	defer wt.markReady() // known now; after the unlock, so that startAt's read lock is free
 	wt.mu.Lock()
 	defer wt.mu.Unlock()
 	switch {
 	case !wt.known:
 		wt.last, wt.known = head, true
-		if ev := w.newest(wt, head); ev != nil {
-			w.deliverLocked(wt, ev)
+		if newest != nil && newest.Pos == head {
+			w.deliverLocked(wt, newest)
 		}
 	case head != wt.last:
 		w.repairLocked(wt)
 	}
 }
 
-// newest returns the channel's newest event, if it is still the one at
-// head.
-func (w *watcher) newest(wt *watch, head replay.Position) *replay.Event {
-	if head.IsZero() {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	beyond := replay.Position{Epoch: head.Epoch, Seq: head.Seq + 1, Time: head.Time}
-	page, bad, err := w.b.read(ctx, wt.key, &beyond, 1) // truncated: the newest
-	if err != nil || len(page.Events) != 1 || page.Events[0].Pos != head {
-		return nil
-	}
-	w.warnBad(wt, bad)
-	return page.Events[0]
+// beyondHead is the position to read after for a channel's newest event: a
+// read past the head is truncated to the newest events.
+func beyondHead(head replay.Position) replay.Position {
+	return replay.Position{Epoch: head.Epoch, Seq: head.Seq + 1, Time: head.Time}
 }
 
 func (w *watcher) warnBad(wt *watch, bad int) {
@@ -411,15 +474,20 @@ type shard struct {
 	unconfirmed int       // subscriptions sent and not yet confirmed
 	confirming  time.Time // when the last confirmation came, or the first was awaited
 	toSync      []string  // confirmed, head not yet compared
+	toSyncSince time.Time // when the oldest of toSync was confirmed
 	lastCheck   time.Time
 	wake        chan struct{}
 	quit        chan struct{}
 	closed      bool
 }
 
+// newShard returns a shard whose first full check is a check interval
+// away: until then every key it carries is new, and is checked once its
+// subscription is confirmed (a full check at the first message read them
+// all a second time).
 func newShard(w *watcher, id string, client redis.UniversalClient) *shard {
 	return &shard{w: w, id: id, client: client, keys: make(map[string]*watch),
-		wake: make(chan struct{}, 1), quit: make(chan struct{})}
+		lastCheck: time.Now(), wake: make(chan struct{}, 1), quit: make(chan struct{})}
 }
 
 // attach puts key on this shard; it reports whether it must be subscribed
@@ -430,7 +498,7 @@ func (s *shard) attach(key string, wt *watch) bool {
 	_, had := s.keys[key]
 	s.keys[key] = wt
 	if had {
-		s.toSync = append(s.toSync, key)
+		s.queueSyncLocked(key)
 	}
 	return !had
 }
@@ -609,7 +677,7 @@ func (s *shard) onSubscription(m *redis.Subscription) {
 	case "ssubscribe":
 		s.unconfirmed--
 		s.confirming = time.Now()
-		s.toSync = append(s.toSync, m.Channel)
+		s.queueSyncLocked(m.Channel)
 	case "sunsubscribe":
 		if ours {
 			// Redis unsubscribed us: the slot moved to another primary
@@ -658,6 +726,26 @@ func (s *shard) moveAway() {
 	s.w.replace(keys)
 }
 
+// queueSyncLocked adds a confirmed key to the next check of new heads.
+func (s *shard) queueSyncLocked(key string) {
+	if len(s.toSync) == 0 {
+		s.toSyncSince = time.Now()
+	}
+	s.toSync = append(s.toSync, key)
+}
+
+// syncDueLocked reports whether the confirmed keys should be checked
+// before the rest of the subscriptions sent are confirmed: while a burst of
+// new channels keeps subscriptions in flight, the first ones must not wait
+// for a lull (their streams wait for the sync).
+func (s *shard) syncDueLocked() bool {
+	return len(s.toSync) >= checkBatchSize || time.Since(s.toSyncSince) >= syncBatchWait
+}
+
+// syncBatchWait is how long confirmed keys wait for others to be checked
+// with them while subscriptions are still in flight.
+const syncBatchWait = 5 * time.Millisecond
+
 // maybeCheck compares heads: of channels just (re)subscribed, once all
 // subscriptions are confirmed or the connection is idle; of every channel,
 // once per check interval.
@@ -682,8 +770,10 @@ func (s *shard) maybeCheck(idle bool) {
 			keys = append(keys, key)
 		}
 		s.toSync = s.toSync[:0]
-	case len(s.toSync) > 0 && (s.unconfirmed <= 0 || idle):
-		keys = append(keys, s.toSync...)
+	case len(s.toSync) > 0 && (s.unconfirmed <= 0 || idle || s.syncDueLocked()):
+		// a key subscribed both by connect and by a batch racing it is
+		// confirmed twice: check it once
+		keys = slices.Compact(slices.Sorted(slices.Values(s.toSync)))
 		s.toSync = s.toSync[:0]
 	}
 	s.mu.Unlock()
@@ -694,9 +784,8 @@ func (s *shard) maybeCheck(idle bool) {
 
 // check reads the heads of keys in pipelines and syncs each watch.
 func (s *shard) check(keys []string) {
-	const batch = 500
 	for len(keys) > 0 {
-		n := min(batch, len(keys))
+		n := min(checkBatchSize, len(keys))
 		if again := s.checkBatch(keys[:n]); len(again) > 0 {
 			// the library was missing and is loaded now: these channels
 			// are not left unsynced until the next full check
@@ -706,25 +795,19 @@ func (s *shard) check(keys []string) {
 	}
 }
 
+// checkBatchSize is how many heads one pipeline reads.
+const checkBatchSize = 500
+
 // checkBatch syncs the heads of keys; it returns the keys to check again
 // because Redis did not have the library yet (it has been loaded).
 func (s *shard) checkBatch(keys []string) (again []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	pipe := s.client.Pipeline()
-	cmds := make([]*redis.Cmd, len(keys))
-	scriptsOnly := s.w.b.scriptsOnly.Load()
-	for i, key := range keys {
-		if scriptsOnly {
-			cmds[i] = scripts[FunctionRead].EvalRO(ctx, pipe, []string{key}, 0)
-		} else {
-			cmds[i] = pipe.FCallRo(ctx, FunctionRead, []string{key}, 0)
-		}
-	}
-	_, _ = pipe.Exec(ctx) // each command's error is looked at below
+	cmds := s.readPipelined(ctx, keys, func(int) []any { return []any{0} })
 	var moved []string
 	var lerr error
 	loaded := false // the keys of a shard are on one primary: one load serves the batch
+	var synced []headOf
 	for i, cmd := range cmds {
 		reply, err := cmd.Result()
 		switch {
@@ -754,13 +837,77 @@ func (s *shard) checkBatch(keys []string) (again []string) {
 			continue
 		}
 		if wt := s.w.lookup(keys[i]); wt != nil {
-			s.w.syncHead(wt, page.Head)
+			synced = append(synced, headOf{wt: wt, head: page.Head})
 		}
+	}
+	s.readNewest(ctx, synced)
+	for _, h := range synced {
+		s.w.syncHead(h.wt, h.head, h.newest)
 	}
 	if len(moved) > 0 {
 		s.moveAway()
 	}
 	return again
+}
+
+// headOf is a watch's head as a check read it, with its newest event for
+// a watch that is not synced yet.
+type headOf struct {
+	wt     *watch
+	head   replay.Position
+	newest *replay.Event
+}
+
+// readNewest reads, in one pipeline, the newest event of every channel in
+// heads whose watch has its first sync to come (syncHead delivers it). One
+// read each in turn cost the shard's connection a round trip per channel
+// while every new stream of those channels waited for the sync.
+func (s *shard) readNewest(ctx context.Context, heads []headOf) {
+	var first []int
+	var keys []string
+	for i, h := range heads {
+		if !h.head.IsZero() && !h.wt.isKnown() {
+			first = append(first, i)
+			keys = append(keys, h.wt.key)
+		}
+	}
+	if len(keys) == 0 {
+		return
+	}
+	cmds := s.readPipelined(ctx, keys, func(j int) []any {
+		beyond := beyondHead(heads[first[j]].head)
+		return []any{1, beyond.Epoch, beyond.Seq, beyond.Time}
+	})
+	for j, cmd := range cmds {
+		reply, err := cmd.Result()
+		if err != nil {
+			continue // the sync goes on without it: as if never announced
+		}
+		page, bad, err := parsePage(reply)
+		if err != nil || len(page.Events) != 1 {
+			continue
+		}
+		h := &heads[first[j]]
+		s.w.warnBad(h.wt, bad)
+		h.newest = page.Events[0]
+	}
+}
+
+// readPipelined runs the library's read on each of keys, with args(i) for
+// keys[i], in one pipeline; each command's error is for the caller.
+func (s *shard) readPipelined(ctx context.Context, keys []string, args func(i int) []any) []*redis.Cmd {
+	pipe := s.client.Pipeline()
+	cmds := make([]*redis.Cmd, len(keys))
+	scriptsOnly := s.w.b.scriptsOnly.Load()
+	for i, key := range keys {
+		if scriptsOnly {
+			cmds[i] = scripts[FunctionRead].EvalRO(ctx, pipe, []string{key}, args(i)...)
+		} else {
+			cmds[i] = pipe.FCallRo(ctx, FunctionRead, []string{key}, args(i)...)
+		}
+	}
+	_, _ = pipe.Exec(ctx)
+	return cmds
 }
 
 func isTimeout(err error) bool {

@@ -1,0 +1,133 @@
+package pubsub
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddy-sse/caddy-sse/internal/redistest"
+	"github.com/caddy-sse/caddy-sse/replay"
+)
+
+// A burst of new streams on channels this instance does not follow yet
+// (a ramp, a restart under load) waits for each channel's first sync: the
+// shard's check reads the heads (and the newest events) in pipelines, and
+// no stream reads its channel's head itself. Each still starts at the
+// channel's head and gets every event published after it.
+func TestRedisNewStreamsWaitForTheFirstSync(t *testing.T) {
+	srv := redistest.Start(t)
+	pub, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	// a check interval longer than the test: every read counted below is
+	// the first sync's or a stream's own; one pooled connection, as in a
+	// ramp where hundreds of streams queue for the pool
+	hub, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: time.Minute, PoolSize: 1})
+	const channels, perChannel = 40, 3
+	heads := make([]replay.Position, channels)
+	for c := range channels {
+		heads[c] = publishTo(t, pub, "burst-"+strconv.Itoa(c), "before")
+	}
+
+	before := fcallROCalls(t, srv)
+	type joiner struct {
+		channel int
+		rec     *redisRecorder
+		head    replay.Position
+		err     error
+	}
+	joiners := make([]*joiner, channels*perChannel)
+	var wg sync.WaitGroup
+	for i := range joiners {
+		j := &joiner{channel: i % channels, rec: newRedisRecorder()}
+		joiners[i] = j
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			name := "burst-" + strconv.Itoa(j.channel)
+			t.Cleanup(hub.Subscribe(j.rec, []string{name}).Close)
+			page, err := hub.Read(context.Background(), name, nil, 100)
+			j.head, j.err = page.Head, err
+		}()
+	}
+	wg.Wait()
+	// the first sync of each channel: its head, and its newest event (and
+	// the heads of a first full check, which may come before the
+	// subscriptions are confirmed)
+	reads, most := fcallROCalls(t, srv)-before, 2*channels+channels/4
+	t.Logf("%d new streams on %d channels: %d reads", len(joiners), channels, reads)
+	if reads > most {
+		t.Fatalf("%d new streams on %d channels made %d reads, want at most %d (the syncs' own): streams read the head themselves",
+			len(joiners), channels, reads, most)
+	}
+	for i, j := range joiners {
+		if j.err != nil || j.head != heads[j.channel] {
+			t.Fatalf("joiner %d: head %+v, %v; want %+v", i, j.head, j.err, heads[j.channel])
+		}
+	}
+
+	const later = 5
+	for c := range channels {
+		for k := range later {
+			publishTo(t, pub, "burst-"+strconv.Itoa(c), fmt.Sprint("after-", k))
+		}
+	}
+	for i, j := range joiners {
+		var after []*replay.Event
+		deadline := time.Now().Add(redisWait)
+		for len(after) < later && time.Now().Before(deadline) {
+			got := j.rec.waitFor(t, 0, len(after)+1)
+			after = after[:0]
+			for _, ev := range got {
+				if ev.Pos.Seq > j.head.Seq { // what a stream at head skips as seen
+					after = append(after, ev)
+				}
+			}
+		}
+		if len(after) != later {
+			t.Fatalf("joiner %d got %d events after its head, want %d", i, len(after), later)
+		}
+		assertContiguous(t, after, j.head.Seq+1)
+	}
+}
+
+// A stream does not wait for a sync that cannot come: an instance whose
+// Redis user may not subscribe to any channel reads the head itself after
+// a short wait.
+func TestRedisNewStreamReadsTheHeadWithoutASubscription(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.MustCLI("ACL", "SETUSER", "nochannels", "on", ">secret", "~*", "resetchannels", "+@all")
+	pub, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	head := publishTo(t, pub, "orders", "o1")
+	hub, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, Username: "nochannels", Password: "secret"})
+	// the broker answers (so that the wait applies) before the stream
+	if _, err := hub.Read(context.Background(), "other", &replay.Position{}, 1); err != nil {
+		t.Fatal(err)
+	}
+
+	defer hub.Subscribe(newRedisRecorder(), []string{"orders"}).Close()
+	started := time.Now()
+	page, err := hub.Read(context.Background(), "orders", nil, 100)
+	if err != nil || page.Head != head {
+		t.Fatalf("head without a subscription: %+v, %v; want %+v", page, err, head)
+	}
+	if waited := time.Since(started); waited > syncWait+5*time.Second {
+		t.Fatalf("the stream waited %v for a sync that could not come", waited)
+	}
+}
+
+// fcallROCalls is the number of FCALL_RO calls Redis has run.
+func fcallROCalls(t *testing.T, srv *redistest.Server) int {
+	t.Helper()
+	calls := commandCalls(srv.MustCLI("INFO", "commandstats"), "cmdstat_fcall_ro")
+	n, err := strconv.Atoi(strings.TrimPrefix(calls, "calls="))
+	if calls == "" {
+		return 0
+	}
+	if err != nil {
+		t.Fatalf("FCALL_RO calls: %q", calls)
+	}
+	return n
+}
