@@ -475,10 +475,14 @@ type shard struct {
 	confirming  time.Time // when the last confirmation came, or the first was awaited
 	toSync      []string  // confirmed, head not yet compared
 	toSyncSince time.Time // when the oldest of toSync was confirmed
-	lastCheck   time.Time
-	wake        chan struct{}
-	quit        chan struct{}
-	closed      bool
+	// leaving counts the unsubscribes this instance sent and Redis has
+	// not confirmed yet, per key: those confirmations are not Redis moving
+	// the slot away, even if the key is back on the shard by then.
+	leaving   map[string]int
+	lastCheck time.Time
+	wake      chan struct{}
+	quit      chan struct{}
+	closed    bool
 }
 
 // newShard returns a shard whose first full check is a check interval
@@ -486,7 +490,7 @@ type shard struct {
 // subscription is confirmed (a full check at the first message read them
 // all a second time).
 func newShard(w *watcher, id string, client redis.UniversalClient) *shard {
-	return &shard{w: w, id: id, client: client, keys: make(map[string]*watch),
+	return &shard{w: w, id: id, client: client, keys: make(map[string]*watch), leaving: make(map[string]int),
 		lastCheck: time.Now(), wake: make(chan struct{}, 1), quit: make(chan struct{})}
 }
 
@@ -534,6 +538,9 @@ func (s *shard) subscribe(keys []string) {
 func (s *shard) unsubscribe(keys []string) {
 	s.mu.Lock()
 	ps := s.ps
+	if ps != nil {
+		s.leaveLocked(keys)
+	}
 	s.mu.Unlock()
 	if ps == nil {
 		return
@@ -543,6 +550,28 @@ func (s *shard) unsubscribe(keys []string) {
 	if err := ps.SUnsubscribe(ctx, keys...); err != nil {
 		s.kill(ps)
 	}
+}
+
+// leaveLocked records unsubscribes about to be sent (see leaving).
+func (s *shard) leaveLocked(keys []string) {
+	for _, key := range keys {
+		s.leaving[key]++
+	}
+}
+
+// leftLocked takes the confirmation of an unsubscribe of key; false if
+// this instance did not ask for it (Redis moved the slot).
+func (s *shard) leftLocked(key string) bool {
+	n := s.leaving[key]
+	switch {
+	case n == 0:
+		return false
+	case n == 1:
+		delete(s.leaving, key)
+	default:
+		s.leaving[key] = n - 1
+	}
+	return true
 }
 
 // kill closes a broken connection so that run replaces it.
@@ -622,6 +651,7 @@ func (s *shard) connect() *redis.PubSub {
 	s.unconfirmed = 0
 	s.awaitLocked(len(keys))
 	s.toSync = s.toSync[:0]
+	clear(s.leaving) // a new connection: what the old one was to confirm never comes
 	s.mu.Unlock()
 	if len(keys) > 0 {
 		if err := ps.SSubscribe(ctx, keys...); err != nil {
@@ -679,7 +709,7 @@ func (s *shard) onSubscription(m *redis.Subscription) {
 		s.confirming = time.Now()
 		s.queueSyncLocked(m.Channel)
 	case "sunsubscribe":
-		if ours {
+		if !s.leftLocked(m.Channel) && ours {
 			// Redis unsubscribed us: the slot moved to another primary
 			s.mu.Unlock()
 			s.moveAway()
@@ -717,6 +747,9 @@ func (s *shard) moveAway() {
 	}
 	s.keys = make(map[string]*watch)
 	ps := s.ps
+	if ps != nil && len(keys) > 0 {
+		s.leaveLocked(keys)
+	}
 	s.mu.Unlock()
 	if ps != nil && len(keys) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

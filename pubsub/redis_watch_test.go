@@ -131,3 +131,70 @@ func fcallROCalls(t *testing.T, srv *redistest.Server) int {
 	}
 	return n
 }
+
+// A channel whose last stream leaves and whose next one comes at once is
+// unsubscribed and subscribed again; Redis' confirmation of that
+// unsubscribe, read after the new subscription was sent, is not taken for
+// Redis moving the slot away, which would unsubscribe and subscribe again
+// every channel of the shard (losing their announcements meanwhile), and
+// again on the confirmations of that.
+func TestRedisResubscribingAChannelLeavesTheOthersAlone(t *testing.T) {
+	srv := redistest.Start(t)
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: time.Minute})
+	follow(t, srv, hub, broker, "steady")
+	flap := broker.Key("flap")
+	sub := hub.Subscribe(newRedisRecorder(), []string{"flap"})
+	srv.WaitShardSubscribers(t, flap, 1)
+	sh := broker.watch.shards["main"]
+	onShard := func(want bool) {
+		t.Helper()
+		deadline := time.Now().Add(redisWait)
+		for {
+			sh.mu.Lock()
+			_, on := sh.keys[flap]
+			sh.mu.Unlock()
+			if on == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("flap on the shard: %v, want %v", on, want)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+
+	// Redis stopped: the confirmation of the unsubscribe waits until the
+	// new subscription has been sent
+	before := commandCalls(srv.MustCLI("INFO", "commandstats"), "cmdstat_sunsubscribe")
+	srv.Pause()
+	sub.Close()
+	onShard(false)
+	defer hub.Subscribe(newRedisRecorder(), []string{"flap"}).Close()
+	onShard(true)
+	srv.Resume()
+
+	srv.WaitShardSubscribers(t, flap, 1)
+	srv.WaitShardSubscribers(t, broker.Key("steady"), 1)
+	// whatever came late has come: a ping after it is answered
+	if _, err := hub.Read(context.Background(), "other", &replay.Position{}, 1); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // a spurious move would unsubscribe steady within this
+	after := commandCalls(srv.MustCLI("INFO", "commandstats"), "cmdstat_sunsubscribe")
+	if want := callsPlus(t, before, 1); after != want {
+		t.Fatalf("SUNSUBSCRIBE %s after one channel's unsubscribe (%s before): the shard moved its channels away", after, before)
+	}
+}
+
+// callsPlus adds n to a commandstats "calls=N" figure.
+func callsPlus(t *testing.T, calls string, n int) string {
+	t.Helper()
+	c, err := strconv.Atoi(strings.TrimPrefix(calls, "calls="))
+	if calls == "" {
+		c, err = 0, nil
+	}
+	if err != nil {
+		t.Fatalf("calls: %q", calls)
+	}
+	return "calls=" + strconv.Itoa(c+n)
+}
