@@ -39,7 +39,7 @@ func (s *stream) writeDegraded() error {
 // may write live events now. A failed attempt drops what was queued (it is
 // in the history the replay will read).
 func (s *stream) recover(ctx context.Context) (bool, error) {
-	if s.hub.Available() {
+	if s.h.hub.Available() {
 		sp, err := s.startingPoint(ctx, *s.idText)
 		if err == nil {
 			s.degraded.Store(false)

@@ -148,7 +148,7 @@ func (r *registry) sweep(now time.Time) {
 				continue
 			}
 		}
-		if s.degraded.Load() && s.hub.Available() {
+		if s.degraded.Load() && s.h.hub.Available() {
 			s.poke() // its backend answers again: it can replay now
 		}
 		if r.heartbeat > 0 && s.lastWrite.Load() <= due {

@@ -55,19 +55,23 @@ var slowClient = &closeNotice{slow: true}
 // Deliver; the connection's own goroutine drains it and writes.
 type stream struct {
 	h      *Handler
-	hub    *pubsub.Hub
 	names  []string // channels as the client names them
 	keys   []string // channels as the hub names them (namespaced)
 	cursor []replay.ChannelPosition
-	ids    replay.CursorEncoder
-	buf    []byte
-	out    streamWriter
+	// ids and buf format what the stream writes; an event loop lends a
+	// taken-over stream its own while it writes it (lendScratch), so that
+	// idle streams keep neither.
+	ids *replay.CursorEncoder
+	buf []byte
+	out streamWriter
 
 	mu        sync.Mutex
 	overflow  bool
 	begun     bool // registered and counted (see begin, release)
+	ownStacks bool // its steps run on goroutines of their own (stack.go)
 	beatDue   atomic.Bool
 	degraded  atomic.Bool // opened without its history; see degraded.go
+	uncounted uint32      // events written since the metrics last counted them (per flush)
 	pending   []queued
 	spare     []queued
 	queuedLen int64
@@ -78,7 +82,6 @@ type stream struct {
 	overflowSince atomic.Int64                  // Unix nanoseconds the queue overflowed; 0 if it has not
 	closing       atomic.Pointer[closeNotice]
 	tk            atomic.Pointer[tconn] // set once an event loop writes it (takeover)
-	ownStacks     bool                  // its steps run on goroutines of their own (stack.go)
 	idText        *string               // the client's cursor, kept while degraded
 
 	who    client // who opened it, for caps, throttles and logs
@@ -88,7 +91,6 @@ type stream struct {
 	adm    *admission
 
 	eventsSent     int64
-	eventsCounted  int64 // of eventsSent, those added to the metrics
 	batchStartedMs int64 // when the stream took its queue, for latency
 }
 
@@ -98,7 +100,6 @@ func (s *stream) lasted() time.Duration { return time.Duration(time.Now().UnixNa
 func newStream(h *Handler, names []string) *stream {
 	s := &stream{
 		h:      h,
-		hub:    h.hub,
 		names:  names,
 		keys:   names, // the same without a namespace: one slice less per stream
 		cursor: make([]replay.ChannelPosition, len(names)),
@@ -308,8 +309,8 @@ func (s *stream) flush() error {
 // countDelivered adds the events written since the last count to the
 // metrics: once per flush, not per event, to keep the shared counter cool.
 func (s *stream) countDelivered() {
-	s.h.metrics.delivered(s.eventsSent - s.eventsCounted)
-	s.eventsCounted = s.eventsSent
+	s.h.metrics.delivered(int64(s.uncounted))
+	s.uncounted = 0
 }
 
 // queueFull logs the start of an overflow episode, once per episode: it is
@@ -366,7 +367,7 @@ func (s *stream) writeLive(ctx context.Context, q queued) (bool, error) {
 // position. If the history no longer follows on from it, the stream ends.
 func (s *stream) repair(ctx context.Context, slot int) (bool, error) {
 	at := s.cursor[slot].Pos
-	page, err := s.hub.Read(ctx, s.keys[slot], &at, s.h.HistorySize)
+	page, err := s.h.hub.Read(ctx, s.keys[slot], &at, s.h.HistorySize)
 	if err != nil {
 		return false, err
 	}
@@ -396,11 +397,15 @@ func (s *stream) writeEvent(slot int, ev *replay.Event) error {
 		return errClosing
 	}
 	s.cursor[slot].Pos = ev.Pos
+	if s.ids == nil {
+		s.ids = new(replay.CursorEncoder)
+	}
 	s.buf = wire.AppendID(s.buf[:0], s.ids.Encode(s.cursor))
 	if err := s.out.Write(ev.Frame); err != nil {
 		return err
 	}
 	s.eventsSent++
+	s.uncounted++
 	return s.out.Write(s.buf)
 }
 

@@ -208,7 +208,7 @@ func (s *stream) startingPoint(ctx context.Context, idText string) (startingPoin
 		if named {
 			from = &after
 		}
-		page, err := s.hub.Read(ctx, key, from, s.h.ReplayLimit)
+		page, err := s.h.hub.Read(ctx, key, from, s.h.ReplayLimit)
 		if err != nil {
 			return sp, err
 		}

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/caddy-sse/caddy-sse/internal/uring"
+	"github.com/caddy-sse/caddy-sse/replay"
 )
 
 // loopSet is one event loop per CPU; a stream goes to the loop with the
@@ -110,9 +111,9 @@ func (ls *loopSet) adopt(s *stream, tcp *net.TCPConn, tc *tls.Conn) bool {
 		return false
 	}
 	if tc == nil {
-		s.buf = nil // the loop lends it one while it writes (lendScratch)
+		s.buf, s.ids = nil, nil // the loop lends them while it writes (lendScratch)
 	}
-	l.adopt(s, &tconn{loop: l, fd: fd, tls: tc})
+	l.adopt(s, &tconn{loop: l, fd: int32(fd), tls: tc})
 	return true
 }
 
@@ -169,9 +170,10 @@ type pollLoop struct {
 	// only); the current stream's starts at chunkAt.
 	chunk   []byte
 	chunkAt int
-	// scratch is the formatting buffer lent to the stream being written
-	// (lendScratch).
+	// scratch and ids are the formatting buffer and cursor encoder lent
+	// to the stream being written (lendScratch).
 	scratch []byte
+	ids     replay.CursorEncoder
 	// ring, if io_uring is available, sends what the streams of a round
 	// wrote with one system call; queue is those sends, to whom.
 	ring   *uring.Ring
@@ -190,25 +192,31 @@ type pollLoop struct {
 }
 
 // tconn is a taken-over stream's connection as its loop sees it.
+//
+// Every idle cleartext stream keeps one, so its small fields are packed
+// together (112 bytes, not 128).
 type tconn struct {
 	loop  *pollLoop
-	fd    int // ours alone (see detach); a TLS stream's is its socket's
 	token uint64
 	// tls is the connection of a TLS stream: the loop only watches fd, a
 	// goroutine writes through tls (nil for cleartext streams).
 	tls       *tls.Conn
 	bw        *connWriter // the writer of its goroutines, made when first needed
 	lw        loopWriter
+	fd        int32 // ours alone (see detach); a TLS stream's is its socket's
 	scheduled atomic.Bool
-	busy      atomic.Bool           // a goroutine of its own has the stream
+	busy      atomic.Bool // a goroutine of its own has the stream
+	adopting  atomic.Bool // adopt has not added it to the epoll instance yet
+	ended     atomic.Bool // claimed by whoever ends it: the loop (end), or a hand-off to a stopping loop
+	outArmed  bool
+	queued    bool                  // a send of it waits in the loop's queue
 	blocked   atomic.Int64          // Unix nanoseconds since the socket stopped taking bytes; 0 if it takes them
 	pending   []byte                // bytes the socket has not taken yet
 	unwatched atomic.Pointer[error] // the epoll instance refused it: the loop ends it
-	adopting  atomic.Bool           // adopt has not added it to the epoll instance yet
-	outArmed  bool
-	ended     atomic.Bool // claimed by whoever ends it: the loop (end), or a hand-off to a stopping loop
-	queued    bool        // a send of it waits in the loop's queue
 }
+
+// sock is the connection's file descriptor.
+func (tk *tconn) sock() int { return int(tk.fd) }
 
 type slowResult struct {
 	s   *stream
@@ -249,7 +257,7 @@ func newPollLoop(withRing bool) (*pollLoop, error) {
 // adopt makes the loop watch and write the stream; it ends the stream if
 // it cannot.
 func (l *pollLoop) adopt(s *stream, tk *tconn) {
-	fd := tk.fd
+	fd := tk.sock()
 	tk.lw = loopWriter{tk: tk, s: s}
 	// the loop may see the connection's events as soon as it is added:
 	// the stream must be ready for them by then. Until it is added the
@@ -293,7 +301,7 @@ func (tk *tconn) closeConn() {
 		_ = tk.tls.NetConn().Close()
 		return
 	}
-	unix.Close(tk.fd)
+	unix.Close(tk.sock())
 }
 
 // detach takes the socket out of Go's hands: a duplicate of its file
@@ -476,7 +484,7 @@ func (l *pollLoop) handle(ev unix.EpollEvent) {
 func (l *pollLoop) discardInput(tk *tconn) bool {
 	var buf [512]byte
 	for range 8 {
-		n, err := unix.Read(tk.fd, buf[:])
+		n, err := unix.Read(tk.sock(), buf[:])
 		switch {
 		case n > 0:
 			continue
@@ -578,16 +586,18 @@ func (l *pollLoop) close(s *stream, n *closeNotice) {
 	l.end(s, nil)
 }
 
-// lendScratch lends the loop's formatting buffer to a stream that has none.
-// A cleartext stream needs one only while the loop writes it (what it
-// formats is copied into the round's chunk at once), so idle streams do not
-// each keep one (about 150 bytes). A stream that has its own (a TLS stream,
-// written on goroutines) keeps using it.
+// lendScratch lends the loop's formatting buffer and cursor encoder to a
+// stream that has none. A cleartext stream needs them only while the loop
+// writes it (what it formats is copied into the round's chunk at once), so
+// idle streams do not each keep them (about 150 bytes of buffer, and 100 of
+// encoder). A stream that has its own (a TLS stream, written on
+// goroutines) keeps using them.
 func (l *pollLoop) lendScratch(s *stream) bool {
 	if s.buf != nil {
 		return false
 	}
 	s.buf, l.scratch = l.scratch[:0], nil
+	s.ids = &l.ids
 	return true
 }
 
@@ -595,7 +605,7 @@ func (l *pollLoop) lendScratch(s *stream) bool {
 // handed to a goroutine (slow) that would write into it.
 func (l *pollLoop) takeScratch(s *stream, lent bool) {
 	if lent {
-		l.scratch, s.buf = s.buf[:0], nil
+		l.scratch, s.buf, s.ids = s.buf[:0], nil, nil
 		if cap(l.scratch) > 1<<20 {
 			l.scratch = nil // do not keep a huge event's buffer
 		}
@@ -635,7 +645,7 @@ func (l *pollLoop) lend(s *stream) streamWriter {
 	tk.busy.Store(true)
 	l.watch(tk, 0)
 	if tk.bw == nil { // most cleartext streams never need it
-		var to sink = fdSink(tk.fd)
+		var to sink = fdSink(tk.sock())
 		if tk.tls != nil {
 			to = connSink{tk.tls}
 		}
@@ -679,7 +689,7 @@ func (l *pollLoop) takeReturned() {
 		tk := r.s.tk.Load()
 		r.s.out = &tk.lw
 		if tk.tls == nil {
-			r.s.buf = nil // its goroutine is done with it; the loop lends one
+			r.s.buf, r.s.ids = nil, nil // its goroutine is done with them; the loop lends its own
 		}
 		tk.busy.Store(false)
 		if r.err != nil || r.end {
@@ -695,7 +705,7 @@ func (l *pollLoop) takeReturned() {
 func (l *pollLoop) watch(tk *tconn, events uint32) {
 	tk.outArmed = events&unix.EPOLLOUT != 0
 	ev := tk.event(events)
-	_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_MOD, tk.fd, &ev)
+	_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_MOD, tk.sock(), &ev)
 }
 
 // flushPending writes what the socket did not take before.
@@ -719,7 +729,7 @@ func (l *pollLoop) end(s *stream, err error) {
 	if !tk.ended.CompareAndSwap(false, true) {
 		return // it ends once
 	}
-	_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, tk.fd, nil)
+	_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, tk.sock(), nil)
 	l.mu.Lock()
 	delete(l.byToken, tk.token)
 	l.mu.Unlock()
@@ -766,7 +776,7 @@ func (l *pollLoop) shutdown() {
 // for when it is writable.
 func (tk *tconn) send(p []byte) error {
 	for len(p) > 0 {
-		n, err := unix.Write(tk.fd, p)
+		n, err := unix.Write(tk.sock(), p)
 		if n > 0 {
 			p = p[n:]
 		}
@@ -799,7 +809,7 @@ func (l *pollLoop) enqueue(s *stream, chunk []byte) {
 		l.sendQueued() // one send per socket and submission keeps them in order
 	}
 	tk.queued = true
-	l.queue = append(l.queue, uring.IO{FD: tk.fd, Buf: chunk})
+	l.queue = append(l.queue, uring.IO{FD: tk.sock(), Buf: chunk})
 	l.owner = append(l.owner, s)
 	if len(l.queue) >= submitEvery {
 		l.sendQueued()
