@@ -175,15 +175,20 @@ func (b *Redis) Read(ctx context.Context, channel string, after *replay.Position
 }
 
 func (b *Redis) read(ctx context.Context, key string, after *replay.Position, limit int) (replay.Page, int, error) {
-	args := []any{limit}
-	if after != nil {
-		args = append(args, after.Epoch, after.Seq, after.Time)
-	}
-	reply, err := b.call(ctx, key, FunctionRead, true, args...)
+	reply, err := b.call(ctx, key, FunctionRead, true, readArgs(limit, after)...)
 	if err != nil {
 		return replay.Page{}, 0, err
 	}
 	return parsePage(reply)
+}
+
+// readArgs are the arguments of the library's read: at most limit events
+// after a position, or only the head (after nil, limit 0).
+func readArgs(limit int, after *replay.Position) []any {
+	if after == nil {
+		return []any{limit}
+	}
+	return []any{limit, after.Epoch, after.Seq, after.Time}
 }
 
 // call runs one of the library's functions on the primary of key, loading

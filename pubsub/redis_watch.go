@@ -836,7 +836,7 @@ const checkBatchSize = 500
 func (s *shard) checkBatch(keys []string) (again []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cmds := s.readPipelined(ctx, keys, func(int) []any { return []any{0} })
+	cmds := s.readPipelined(ctx, keys, func(int) []any { return readArgs(0, nil) })
 	var moved []string
 	var lerr error
 	loaded := false // the keys of a shard are on one primary: one load serves the batch
@@ -909,7 +909,7 @@ func (s *shard) readNewest(ctx context.Context, heads []headOf) {
 	}
 	cmds := s.readPipelined(ctx, keys, func(j int) []any {
 		beyond := beyondHead(heads[first[j]].head)
-		return []any{1, beyond.Epoch, beyond.Seq, beyond.Time}
+		return readArgs(1, &beyond) // truncated: the newest
 	})
 	for j, cmd := range cmds {
 		reply, err := cmd.Result()
