@@ -3,9 +3,12 @@ package caddysse
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net"
 	"runtime"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -188,4 +191,83 @@ func TestCloseJitterOffSendsRetryZero(t *testing.T) {
 	if ev := c.next(); ev.Type != "server_closing" || ev.Retry != 0 {
 		t.Fatalf("got %+v, want server_closing with retry 0", ev)
 	}
+}
+
+// Streams told server_closing by a reload that reconnect at once all get a
+// response. They are told once the old server has closed its listening
+// socket: Caddy binds each config's with SO_REUSEPORT, so a reconnect made
+// while the old socket is open may reach it, and net/http closes a
+// connection whose request it reads after its shutdown has begun without
+// a response (a reconnect storm of 10k streams lost 35 that way).
+func TestReloadReconnectsAllGetAResponse(t *testing.T) {
+	site := `
+:{PORT} {
+	sse /events {
+		channel a
+		close_jitter off
+	}
+}
+`
+	srv := startCaddy(t, site)
+	const n = 300
+	streams := make([]*sseClient, n)
+	for i := range streams {
+		streams[i] = srv.subscribe("/events", nil)
+		streams[i].comment("ok")
+	}
+	failures := make(chan string, n)
+	var wg sync.WaitGroup
+	for _, c := range streams {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case ev := <-c.events:
+				if ev.Type != "server_closing" {
+					failures <- "got " + ev.Type + ", want server_closing"
+					return
+				}
+			case <-time.After(20 * time.Second):
+				failures <- "no server_closing"
+				return
+			}
+			if status, err := reconnectOnce(srv.port); err != nil {
+				failures <- err.Error()
+			} else if status != "200" {
+				failures <- "status " + status
+			}
+		}()
+	}
+	srv.reload(site)
+	wg.Wait()
+	close(failures)
+	var got []string
+	for f := range failures {
+		got = append(got, f)
+	}
+	if len(got) > 0 {
+		t.Fatalf("%d of %d reconnects failed, e.g. %q", len(got), n, got[0])
+	}
+}
+
+// reconnectOnce opens a stream on a connection of its own and returns the
+// status of its response head.
+func reconnectOnce(port int) (string, error) {
+	conn, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), 5*time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(conn, "GET /events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"); err != nil {
+		return "", err
+	}
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil {
+		return "", fmt.Errorf("no response head: %v", err)
+	}
+	if _, status, ok := strings.Cut(line, " "); ok && len(status) >= 3 {
+		return status[:3], nil
+	}
+	return "", fmt.Errorf("bad status line %q", line)
 }

@@ -272,7 +272,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.streams = newRegistry(h.logger, h.heartbeat(), h.closeJitter(), time.Duration(h.SlowClientTimeout))
 	h.steps = newStepPool()
-	return h.closeStreamsWhenStopping(ctx)
+	closedByServer := h.closeStreamsOnShutdown(ctx)
+	return h.closeStreamsWhenStopping(ctx, closedByServer)
 }
 
 // fallbackLocal is the one value of Handler.Fallback.
@@ -346,7 +347,7 @@ func (h *Handler) provisionSecret() error {
 // this config (reload or exit): the HTTP servers' graceful shutdown waits
 // for every open request, eternally by default, and Cleanup runs only after
 // it, so waiting for Cleanup would never end.
-func (h *Handler) closeStreamsWhenStopping(ctx caddy.Context) error {
+func (h *Handler) closeStreamsWhenStopping(ctx caddy.Context, closedByServer bool) error {
 	app, err := ctx.App("events")
 	if err != nil {
 		return fmt.Errorf("loading events app: %v", err)
@@ -355,14 +356,46 @@ func (h *Handler) closeStreamsWhenStopping(ctx caddy.Context) error {
 	if !ok {
 		return fmt.Errorf("events app has unexpected type %T", app)
 	}
-	return events.On("stopping", stoppingHook{h.streams})
+	return events.On("stopping", stoppingHook{streams: h.streams, onlyQUIC: closedByServer})
 }
 
-// stoppingHook closes a handler's streams on Caddy's "stopping" event.
-type stoppingHook struct{ streams *registry }
+// closeStreamsOnShutdown makes the handler's HTTP server tell its streams
+// that it is closing when its shutdown begins, once it has closed its
+// listeners; false if the handler is not provisioned in an HTTP server.
+//
+// Caddy's "stopping" event comes earlier, while the old server still
+// accepts connections: Caddy binds each config's listening socket with
+// SO_REUSEPORT, so a client told then and reconnecting at once may reach
+// the old socket, and net/http closes a connection whose request it reads
+// after its shutdown has begun without a response (35 of 10k streams in a
+// reconnect storm, docs/PERFORMANCE.md). Told here, every reconnect
+// reaches the new server. It also keeps streams open through the http
+// app's shutdown_delay, as the rest of the server.
+func (h *Handler) closeStreamsOnShutdown(ctx caddy.Context) bool {
+	srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	if !ok || srv == nil {
+		return false
+	}
+	streams := h.streams
+	srv.RegisterOnShutdown(func() { streams.closeAll(stopReason()) })
+	return true
+}
 
-// Handle tells every stream that the server is closing.
+// stoppingHook closes a handler's streams on Caddy's "stopping" event:
+// all of them if its server does not (closeStreamsOnShutdown), else the
+// HTTP/3 ones only: the QUIC server's shutdown has no such hook, and with
+// an eternal grace period it would wait for them.
+type stoppingHook struct {
+	streams  *registry
+	onlyQUIC bool
+}
+
+// Handle tells the streams that the server is closing.
 func (s stoppingHook) Handle(_ context.Context, _ caddy.Event) error {
+	if s.onlyQUIC {
+		s.streams.closeQUIC(stopReason())
+		return nil
+	}
 	s.streams.closeAll(stopReason())
 	// taken-over streams are no longer requests that the servers' shutdown
 	// waits for: give their loops a moment to tell them before the process
