@@ -343,10 +343,11 @@ func (h *Handler) provisionSecret() error {
 	return nil
 }
 
-// closeStreamsWhenStopping ends the streams as soon as Caddy begins to stop
-// this config (reload or exit): the HTTP servers' graceful shutdown waits
-// for every open request, eternally by default, and Cleanup runs only after
-// it, so waiting for Cleanup would never end.
+// closeStreamsWhenStopping ends the streams when Caddy begins to stop this
+// config (reload or exit) — those its server's shutdown hook does not
+// (closedByServer: the HTTP/3 ones only): the servers' graceful shutdown
+// waits for every open request, eternally by default, and Cleanup runs only
+// after it, so waiting for Cleanup would never end.
 func (h *Handler) closeStreamsWhenStopping(ctx caddy.Context, closedByServer bool) error {
 	app, err := ctx.App("events")
 	if err != nil {
