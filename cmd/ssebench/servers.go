@@ -123,6 +123,14 @@ func (r *runner) spawn() error {
 		return nil
 	}
 	setPhase("spawn")
+	addrs := []string{}
+	for _, t := range r.targets {
+		addrs = append(addrs, t.addr.String())
+	}
+	addrs = append(addrs, cfg.admins...)
+	if err := nothingListens(addrs); err != nil {
+		return err
+	}
 	var extraEnv []string
 	if r.redisURL != "" {
 		extraEnv = append(extraEnv, "SSEBENCH_REDIS="+r.redisURL)
@@ -151,11 +159,6 @@ func (r *runner) spawn() error {
 		r.serverLogPaths = append(r.serverLogPaths, p.log)
 	}
 	r.pid = r.pids[0]
-	addrs := []string{}
-	for _, t := range r.targets {
-		addrs = append(addrs, t.addr.String())
-	}
-	addrs = append(addrs, cfg.admins...)
 	deadline := time.Now().Add(cfg.spawnWait)
 	exited := func() error {
 		for _, p := range r.servers {
@@ -192,6 +195,22 @@ func (r *runner) spawn() error {
 				}
 				time.Sleep(50 * time.Millisecond)
 			}
+		}
+	}
+	return nil
+}
+
+// nothingListens fails if a server already listens on one of the addresses
+// a spawned server is to take: Caddy binds with SO_REUSEPORT, so a server
+// left from an earlier run would share the port with the new one, take
+// part of the connections and answer part of the admin requests (a CPU
+// profile of the wrong process), and the run would measure both.
+func nothingListens(addrs []string) error {
+	for _, a := range addrs {
+		c, err := net.DialTimeout("tcp", a, 200*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return fmt.Errorf("-spawn: something already listens on %s (a server left from an earlier run?); stop it first", a)
 		}
 	}
 	return nil

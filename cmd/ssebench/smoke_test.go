@@ -308,6 +308,25 @@ func TestSmokeScenarios(t *testing.T) {
 	})
 }
 
+// TestSpawnRefusesABusyPort checks that -spawn does not start a server on
+// a port another process already listens on: with SO_REUSEPORT both would
+// serve, and the run would measure the two.
+func TestSpawnRefusesABusyPort(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	cfg, err := parseArgs([]string{"fanout", "-url", "http://" + ln.Addr().String() + "/events", "-spawn", "true", "-q"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if code := newRunner(cfg, &out, io.Discard).run(); code == 0 || !strings.Contains(out.String(), "already listens on "+ln.Addr().String()) {
+		t.Fatalf("exit %d: %s", code, out.String())
+	}
+}
+
 // TestRefusesNonLoopback checks the command refuses a non-loopback target
 // before doing anything.
 func TestRefusesNonLoopback(t *testing.T) {
