@@ -175,8 +175,9 @@ func TestReloadInProcessKeepsHistory(t *testing.T) {
 	}
 }
 
-func TestCloseJitterOffSendsRetryZero(t *testing.T) {
-	site := `
+// noJitterSite streams channel a and tells its streams to come back at once
+// (retry: 0) when it closes them.
+const noJitterSite = `
 :{PORT} {
 	sse /events {
 		channel a
@@ -184,10 +185,12 @@ func TestCloseJitterOffSendsRetryZero(t *testing.T) {
 	}
 }
 `
-	srv := startCaddy(t, site)
+
+func TestCloseJitterOffSendsRetryZero(t *testing.T) {
+	srv := startCaddy(t, noJitterSite)
 	c := srv.subscribe("/events", nil)
 	c.comment("ok")
-	srv.reload(site)
+	srv.reload(noJitterSite)
 	if ev := c.next(); ev.Type != "server_closing" || ev.Retry != 0 {
 		t.Fatalf("got %+v, want server_closing with retry 0", ev)
 	}
@@ -200,15 +203,7 @@ func TestCloseJitterOffSendsRetryZero(t *testing.T) {
 // connection whose request it reads after its shutdown has begun without
 // a response (a reconnect storm of 10k streams lost 35 that way).
 func TestReloadReconnectsAllGetAResponse(t *testing.T) {
-	site := `
-:{PORT} {
-	sse /events {
-		channel a
-		close_jitter off
-	}
-}
-`
-	srv := startCaddy(t, site)
+	srv := startCaddy(t, noJitterSite)
 	const n = 300
 	streams := make([]*sseClient, n)
 	for i := range streams {
@@ -238,7 +233,7 @@ func TestReloadReconnectsAllGetAResponse(t *testing.T) {
 			}
 		}()
 	}
-	srv.reload(site)
+	srv.reload(noJitterSite)
 	wg.Wait()
 	close(failures)
 	var got []string
