@@ -208,6 +208,7 @@ type Handler struct {
 	channelTemplates  []template
 	principalTemplate template
 	loopsOn           bool // a reference to them is held
+	closedByServer    bool // its server's shutdown hook tells its streams (closeStreamsOnShutdown)
 	hubKey            string
 	streams           *registry
 	secret            []byte
@@ -272,8 +273,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.streams = newRegistry(h.logger, h.heartbeat(), h.closeJitter(), time.Duration(h.SlowClientTimeout))
 	h.steps = newStepPool()
-	closedByServer := h.closeStreamsOnShutdown(ctx)
-	return h.closeStreamsWhenStopping(ctx, closedByServer)
+	h.closedByServer = h.closeStreamsOnShutdown(ctx)
+	return h.closeStreamsWhenStopping(ctx, h.closedByServer)
 }
 
 // fallbackLocal is the one value of Handler.Fallback.
@@ -480,6 +481,12 @@ func (h *Handler) validateLimits() error {
 // in) still uses it. It copes with a Provision that stopped halfway.
 func (h *Handler) Cleanup() error {
 	if h.streams != nil {
+		if h.closedByServer {
+			// Caddy may clean a config up before the goroutine that shuts its
+			// server down has closed the listening socket: streams told now
+			// could reconnect to it (closeStreamsOnShutdown)
+			h.streams.awaitClosing(shutdownHookWait)
+		}
 		h.streams.closeAll(stopReason())
 		h.streams.waitTakenOver(takenOverGrace)
 		h.streams.stop()

@@ -21,6 +21,7 @@ type registry struct {
 	mu      sync.Mutex
 	streams map[*stream]int64 // Unix nanoseconds each was added
 	closed  string            // the reason, once closing has begun
+	closing chan struct{}     // closed when closing begins
 	ticking bool
 	done    chan struct{}
 	stopped bool
@@ -33,6 +34,7 @@ func newRegistry(logger *zap.Logger, heartbeat, jitter, slow time.Duration) *reg
 		jitter:    jitter,
 		slow:      slow,
 		streams:   make(map[*stream]int64),
+		closing:   make(chan struct{}),
 		done:      make(chan struct{}),
 	}
 }
@@ -77,11 +79,26 @@ func (r *registry) closeAll(reason string) {
 		return
 	}
 	r.closed = reason
+	close(r.closing)
 	for s := range r.streams {
 		s.close(r.notice(reason))
 	}
 	if n := len(r.streams); n > 0 {
 		r.logger.Info("closing streams", zap.String("reason", reason), zap.Int("streams", n), zap.Duration("close_jitter", r.jitter))
+	}
+}
+
+// awaitClosing waits, for at most timeout, until closeAll has been called
+// (by the server's shutdown hook) if any stream is open.
+func (r *registry) awaitClosing(timeout time.Duration) {
+	if r.count() == 0 {
+		return
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-r.closing:
+	case <-t.C:
 	}
 }
 
@@ -173,6 +190,11 @@ func (r *registry) sweep(now time.Time) {
 // takenOverGrace bounds how long stopping waits for taken-over streams to
 // be told server_closing.
 const takenOverGrace = 3 * time.Second
+
+// shutdownHookWait bounds how long Cleanup waits for the server's shutdown
+// hook to tell the streams (registry.awaitClosing): it runs microseconds
+// after Caddy starts the shutdown, so this is only a bound.
+const shutdownHookWait = time.Second
 
 // waitTakenOver waits, at most timeout, until no stream of the registry is
 // written by an event loop (takeover) any more.
