@@ -273,8 +273,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.streams = newRegistry(h.logger, h.heartbeat(), h.closeJitter(), time.Duration(h.SlowClientTimeout))
 	h.steps = newStepPool()
-	h.closedByServer = h.closeStreamsOnShutdown(ctx)
-	return h.closeStreamsWhenStopping(ctx, h.closedByServer)
+	if h.closedByServer = h.closeStreamsOnShutdown(ctx); h.closedByServer {
+		return nil
+	}
+	return h.closeStreamsWhenStopping(ctx)
 }
 
 // fallbackLocal is the one value of Handler.Fallback.
@@ -344,12 +346,11 @@ func (h *Handler) provisionSecret() error {
 	return nil
 }
 
-// closeStreamsWhenStopping ends the streams when Caddy begins to stop this
-// config (reload or exit) — those its server's shutdown hook does not
-// (closedByServer: the HTTP/3 ones only): the servers' graceful shutdown
-// waits for every open request, eternally by default, and Cleanup runs only
-// after it, so waiting for Cleanup would never end.
-func (h *Handler) closeStreamsWhenStopping(ctx caddy.Context, closedByServer bool) error {
+// closeStreamsWhenStopping ends the streams of a handler outside an HTTP
+// server as soon as Caddy begins to stop this config (reload or exit):
+// graceful shutdowns wait for every open request, eternally by default,
+// and Cleanup runs only after them, so waiting for Cleanup would never end.
+func (h *Handler) closeStreamsWhenStopping(ctx caddy.Context) error {
 	app, err := ctx.App("events")
 	if err != nil {
 		return fmt.Errorf("loading events app: %v", err)
@@ -358,12 +359,14 @@ func (h *Handler) closeStreamsWhenStopping(ctx caddy.Context, closedByServer boo
 	if !ok {
 		return fmt.Errorf("events app has unexpected type %T", app)
 	}
-	return events.On("stopping", stoppingHook{streams: h.streams, onlyQUIC: closedByServer})
+	return events.On("stopping", stoppingHook{h.streams})
 }
 
 // closeStreamsOnShutdown makes the handler's HTTP server tell its streams
 // that it is closing when its shutdown begins, once it has closed its
 // listeners; false if the handler is not provisioned in an HTTP server.
+// Caddy shuts that server down on every stop and reload, HTTP/3 or not
+// (its HTTP/3 server stops beside it), so this covers every stream.
 //
 // Caddy's "stopping" event comes earlier, while the old server still
 // accepts connections: Caddy binds each config's listening socket with
@@ -383,21 +386,11 @@ func (h *Handler) closeStreamsOnShutdown(ctx caddy.Context) bool {
 	return true
 }
 
-// stoppingHook closes a handler's streams on Caddy's "stopping" event:
-// all of them if its server does not (closeStreamsOnShutdown), else the
-// HTTP/3 ones only: the QUIC server's shutdown has no such hook, and with
-// an eternal grace period it would wait for them.
-type stoppingHook struct {
-	streams  *registry
-	onlyQUIC bool
-}
+// stoppingHook closes a handler's streams on Caddy's "stopping" event.
+type stoppingHook struct{ streams *registry }
 
-// Handle tells the streams that the server is closing.
+// Handle tells every stream that the server is closing.
 func (s stoppingHook) Handle(_ context.Context, _ caddy.Event) error {
-	if s.onlyQUIC {
-		s.streams.closeQUIC(stopReason())
-		return nil
-	}
 	s.streams.closeAll(stopReason())
 	// taken-over streams are no longer requests that the servers' shutdown
 	// waits for: give their loops a moment to tell them before the process

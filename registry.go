@@ -102,18 +102,6 @@ func (r *registry) awaitClosing(timeout time.Duration) {
 	}
 }
 
-// closeQUIC tells the HTTP/3 streams that the server is closing, leaving
-// the others and the registry open (see stoppingHook).
-func (r *registry) closeQUIC(reason string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for s := range r.streams {
-		if s.quic {
-			s.close(r.notice(reason))
-		}
-	}
-}
-
 func (r *registry) notice(reason string) *closeNotice {
 	n := &closeNotice{reason: reason}
 	if r.jitter > 0 {

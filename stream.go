@@ -69,7 +69,6 @@ type stream struct {
 	overflow  bool
 	begun     bool // registered and counted (see begin, release)
 	ownStacks bool // its steps run on goroutines of their own (stack.go)
-	quic      bool // an HTTP/3 stream: see stoppingHook
 	beatDue   atomic.Bool
 	degraded  atomic.Bool // opened without its history; see degraded.go
 	uncounted uint32      // events written since the metrics last counted them (per flush)

@@ -95,7 +95,6 @@ func (h *Handler) openStream(w http.ResponseWriter, r *http.Request) (*stream, s
 	if keepsHandlerGoroutine(r) {
 		s.writeOnOwnStacks()
 	}
-	s.quic = r.ProtoMajor == 3
 	opened = true
 	return s, start, nil
 }
