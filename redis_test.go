@@ -181,13 +181,17 @@ func TestRedisConfigErrors(t *testing.T) {
 }
 
 // Caddy starts while Redis is down: provisioning never touches the network.
+// A stream opens degraded, and gets heartbeats meanwhile like any other
+// (proxies must not cut it while Redis is away).
 func TestRedisDownAtStart(t *testing.T) {
 	port := redistest.FreePort(t) // nothing listens there
-	srv := startCaddy(t, redisSite(fmt.Sprintf("redis://127.0.0.1:%d", port)))
+	srv := startCaddy(t, redisSite(fmt.Sprintf("redis://127.0.0.1:%d", port), "heartbeat 200ms"))
 	c := srv.subscribe("/events?channels=a", nil)
 	if ev := c.next(); ev.Type != "sse_degraded" {
 		t.Fatalf("got %+v", ev)
 	}
+	c.comment("heartbeat")
+	c.comment("heartbeat")
 }
 
 func TestRedisMetricsAndStats(t *testing.T) {

@@ -164,6 +164,9 @@ type pollLoop struct {
 	byToken   map[uint64]*stream
 	lastToken uint64
 	closed    bool
+	// stopped is set when the loop ends its streams (endAll): from then on
+	// a goroutine that gives a stream back ends it itself.
+	stopped bool
 
 	count atomic.Int64
 	// chunk holds the chunks written in this round (loop goroutine
@@ -522,6 +525,11 @@ func (l *pollLoop) service(s *stream) {
 	if tk.ended.Load() || tk.busy.Load() || tk.adopting.Load() {
 		return // adopt schedules it again when it is done
 	}
+	// What the previous stream wrote and did not flush (it stopped mid-batch:
+	// told to close, or its history rewritten) is dropped here, before this
+	// stream writes anything, its closing included: loopWriter.Write would
+	// otherwise take those bytes for the start of this stream's chunk.
+	l.chunk = l.chunk[:l.chunkAt]
 	if err := tk.unwatched.Load(); err != nil {
 		l.end(s, *err)
 		return
@@ -549,7 +557,6 @@ func (l *pollLoop) service(s *stream) {
 		l.slow(s, batch, true)
 		return
 	}
-	l.chunk = l.chunk[:l.chunkAt] // nothing half-written is left before this stream's chunk
 	l.batching = l.ring != nil
 	lent := l.lendScratch(s)
 	rest, err := s.drainBatch(context.Background(), batch, false)
@@ -562,8 +569,15 @@ func (l *pollLoop) service(s *stream) {
 		}
 	}
 	switch {
+	case tk.ended.Load():
+		// a send of the round failed and ended it (enqueue submits every
+		// submitEvery chunks): nothing may write to its descriptor now
 	case errors.Is(err, errNeedsHistory):
 		l.slow(s, rest, false)
+	case errors.Is(err, errClosing):
+		// told to close between two events (a reload): what it wrote of
+		// the batch goes out with server_closing, as on net/http (run)
+		l.close(s, s.closing.Load())
 	case err != nil:
 		l.end(s, err)
 	}
@@ -581,7 +595,9 @@ func (l *pollLoop) close(s *stream, n *closeNotice) {
 		lent := l.lendScratch(s)
 		_ = s.writeClosing(n)
 		l.takeScratch(s, lent)
-		_ = tk.send([]byte("0\r\n\r\n"))
+		if len(tk.pending) == 0 { // else the end would land inside the unsent chunk
+			_ = tk.send([]byte("0\r\n\r\n"))
+		}
 	}
 	l.end(s, nil)
 }
@@ -618,9 +634,7 @@ func (l *pollLoop) closeTLS(s *stream, n *closeNotice) {
 	tk := s.tk.Load()
 	l.lend(s)
 	go func() {
-		if err := s.writeClosing(n); err == nil {
-			_ = tk.bw.end()
-		}
+		_ = tk.sayClosing(s, n)
 		l.giveBack(slowResult{s: s, end: true})
 	}()
 }
@@ -628,14 +642,29 @@ func (l *pollLoop) closeTLS(s *stream, n *closeNotice) {
 // slow gives the stream a goroutine for work that may block; the loop
 // takes it back when the goroutine is done.
 func (l *pollLoop) slow(s *stream, batch []queued, overflowed bool) {
-	w := l.lend(s)
+	tk, w := s.tk.Load(), l.lend(s)
 	go func() {
 		err := s.slowDrain(batch, overflowed)
 		if err == nil {
 			err = w.Flush()
 		}
+		if n := s.closing.Load(); n != nil && errors.Is(err, errClosing) {
+			// told to close while it wrote: what it wrote goes out with
+			// server_closing, as on net/http (run)
+			l.giveBack(slowResult{s: s, err: tk.sayClosing(s, n), end: true})
+			return
+		}
 		l.giveBack(slowResult{s: s, err: err})
 	}()
+}
+
+// sayClosing writes a lent stream's last words on its goroutine:
+// server_closing (or the slow-client comment) and the end of the body.
+func (tk *tconn) sayClosing(s *stream, n *closeNotice) error {
+	if err := s.writeClosing(n); err != nil {
+		return err
+	}
+	return tk.bw.end()
 }
 
 // lend hands the stream to a goroutine with blocking writes: the loop
@@ -643,7 +672,11 @@ func (l *pollLoop) slow(s *stream, batch []queued, overflowed bool) {
 func (l *pollLoop) lend(s *stream) streamWriter {
 	tk := s.tk.Load()
 	tk.busy.Store(true)
-	l.watch(tk, 0)
+	// Only a hang-up or an error can be reported now, and the loop ignores
+	// a lent stream's events: one-shot, so a level-triggered hang-up does
+	// not wake the loop over and over until the goroutine is done.
+	// takeReturned re-arms it, and a hang-up still there is reported then.
+	l.watch(tk, unix.EPOLLONESHOT)
 	if tk.bw == nil { // most cleartext streams never need it
 		var to sink = fdSink(tk.sock())
 		if tk.tls != nil {
@@ -653,16 +686,44 @@ func (l *pollLoop) lend(s *stream) streamWriter {
 	}
 	tk.bw.framed = append(tk.bw.framed[:0], tk.pending...)
 	tk.pending = nil
+	tk.blocked.Store(0) // the goroutine's writes have their own deadline
 	s.out = tk.bw
 	return tk.bw
 }
 
-// giveBack returns a stream from its goroutine to the loop.
+// giveBack returns a stream from its goroutine to the loop; once the loop
+// has stopped (endAll), the goroutine ends the stream itself.
 func (l *pollLoop) giveBack(r slowResult) {
 	l.mu.Lock()
+	if l.stopped {
+		l.endOnGoroutine(r) // unlocks
+		return
+	}
 	l.returned = append(l.returned, r)
 	l.mu.Unlock()
 	l.wake()
+}
+
+// endOnGoroutine ends a stream given back after its loop stopped: endAll
+// left its descriptor open (shut down) for the goroutine that was writing
+// it. Called with l.mu held, which it releases: endAll decides under the
+// same lock, so the descriptor is closed by one side only.
+func (l *pollLoop) endOnGoroutine(r slowResult) {
+	tk := r.s.tk.Load()
+	if !tk.ended.CompareAndSwap(false, true) {
+		l.mu.Unlock()
+		return
+	}
+	delete(l.byToken, tk.token)
+	tk.closeConn()
+	l.mu.Unlock()
+	l.count.Add(-1)
+	err := r.err
+	if err == nil {
+		err = errStopping
+	}
+	r.s.finish(context.Background(), err)
+	r.s.release()
 }
 
 // slowDrain is the part of a stream's work that may block on the history.
@@ -671,8 +732,11 @@ func (s *stream) slowDrain(batch []queued, overflowed bool) error {
 	defer cancel()
 	if s.degraded.Load() {
 		live, err := s.recover(ctx)
-		if err != nil || !live {
+		if err != nil {
 			return err
+		}
+		if !live {
+			return s.heartbeatIfDue() // as drain does: proxies must not cut it
 		}
 		batch, overflowed = s.take()
 	}
@@ -742,15 +806,32 @@ func (l *pollLoop) end(s *stream, err error) {
 	}()
 }
 
+// errStopping ends the streams still open when the loops stop.
+var errStopping = errors.New("the server is stopping")
+
+// endAll ends every stream when the loop stops. A cleartext stream lent to
+// a goroutine is only shut down: the goroutine may be in the middle of a
+// write(2) on its descriptor, and a descriptor closed under it could be
+// given to a new connection that would then receive this stream's bytes.
+// Its write fails at once instead, and the goroutine ends it (giveBack).
 func (l *pollLoop) endAll() {
 	l.mu.Lock()
+	l.stopped = true
+	for _, r := range l.returned {
+		r.s.tk.Load().busy.Store(false) // done with its goroutine: ended below
+	}
+	l.returned = nil
 	streams := make([]*stream, 0, len(l.byToken))
 	for _, s := range l.byToken {
+		if tk := s.tk.Load(); tk.busy.Load() && tk.tls == nil {
+			_ = unix.Shutdown(tk.sock(), unix.SHUT_RDWR)
+			continue
+		}
 		streams = append(streams, s)
 	}
 	l.mu.Unlock()
 	for _, s := range streams {
-		l.end(s, errors.New("the server is stopping"))
+		l.end(s, errStopping)
 	}
 	unix.Close(l.epfd)
 	unix.Close(l.wakefd)

@@ -1,0 +1,302 @@
+//go:build linux
+
+package caddysse
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/caddy-sse/caddy-sse/replay"
+)
+
+// These tests drive one event loop by hand (no Caddy): streams on socket
+// pairs, a round at a time, to reach interleavings that traffic rarely
+// lines up — a stream told to close in the middle of its batch, a stream
+// lent to a goroutine when the loops stop.
+
+func loopTestHandler() *Handler {
+	h := &Handler{Queue: 100000, QueueBytes: 1 << 30, SlowClientTimeout: caddy.Duration(time.Second)}
+	h.metrics = newMetrics()
+	h.logger = zap.NewNop()
+	h.streams = newRegistry(h.logger, 0, 0, 0)
+	return h
+}
+
+// testLoop is a loop that is never run: the test calls serviceReady and
+// takeReturned itself.
+func testLoop(t *testing.T, ring bool) *pollLoop {
+	t.Helper()
+	l, err := newPollLoop(ring)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ring && l.ring == nil {
+		t.Skip("io_uring is not allowed here")
+	}
+	t.Cleanup(func() {
+		l.mu.Lock()
+		stopped := l.stopped
+		l.mu.Unlock()
+		if !stopped {
+			l.endAll()
+		}
+	})
+	return l
+}
+
+// socketPair returns the loop's end (non-blocking) and the client's.
+func socketPair(t *testing.T) (int, int) {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fds[1]) })
+	return fds[0], fds[1]
+}
+
+// readAvailable reads what the client's end holds now.
+func readAvailable(fd int) string {
+	var sb strings.Builder
+	buf := make([]byte, 64<<10)
+	for {
+		n, _ := unix.Read(fd, buf)
+		if n <= 0 {
+			return sb.String()
+		}
+		sb.Write(buf[:n])
+	}
+}
+
+// readUntil reads the client's end until it holds want, or fails.
+func readUntil(t *testing.T, fd int, want string) string {
+	t.Helper()
+	got := ""
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(got, want); {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %q within the deadline; got %d bytes: %.300q", want, len(got), got)
+		}
+		got += readAvailable(fd)
+		time.Sleep(time.Millisecond)
+	}
+	return got
+}
+
+func event(seq, at uint64, data string) *replay.Event {
+	return &replay.Event{Pos: replay.Position{Epoch: 1, Seq: seq, Time: int64(at)}, Frame: []byte("data: " + data + "\n\n")}
+}
+
+// A stream that stops in the middle of its batch leaves what it wrote of it
+// in the round's buffer. The next stream of the round must not send those
+// bytes as its own: here P's second event rewrites the history (same seq,
+// another time), which ends P mid-batch, and C, told to close, is next.
+func TestLoopNeverSendsOneStreamsBytesToAnother(t *testing.T) {
+	for _, ring := range []bool{false, true} {
+		t.Run(fmt.Sprintf("io_uring=%v", ring), func(t *testing.T) {
+			l, h := testLoop(t, ring), loopTestHandler()
+			pfd, _ := socketPair(t)
+			cfd, cpeer := socketPair(t)
+			p := newStream(h, []string{"tenant-p"})
+			p.cursor[0].Pos = replay.Position{Epoch: 1, Seq: 1, Time: 100}
+			c := newStream(h, []string{"tenant-c"})
+			l.adopt(p, &tconn{loop: l, fd: int32(pfd)})
+			l.adopt(c, &tconn{loop: l, fd: int32(cfd)})
+			p.Deliver(0, event(2, 200, "SECRET-OF-P"))
+			p.Deliver(0, event(2, 300, "rewritten"))
+			c.close(&closeNotice{reason: "reload"})
+			l.serviceReady()
+			got := readUntil(t, cpeer, "server_closing")
+			if strings.Contains(got, "SECRET-OF-P") {
+				t.Fatalf("C received P's event: %q", got)
+			}
+			if body := decodeChunks(t, got); !strings.Contains(body, "event: server_closing") {
+				t.Fatalf("C's body: %q", body)
+			}
+		})
+	}
+}
+
+// A stream told to close between two events of its batch (a reload while
+// events flow) still gets server_closing, after what it was sent of the
+// batch, as net/http streams do: on the loop, and on a goroutine.
+func TestLoopStreamToldToCloseMidBatchGetsServerClosing(t *testing.T) {
+	t.Run("on the loop", func(t *testing.T) {
+		const events = 20000
+		for attempt := 1; ; attempt++ {
+			sent := closeMidBatch(t, events)
+			if sent > 0 && sent < events {
+				return // the close landed mid-batch, and was told
+			}
+			if attempt == 5 {
+				t.Fatalf("in %d attempts the close never landed mid-batch (last: %d of %d events sent before it)", attempt, sent, events)
+			}
+		}
+	})
+	t.Run("on a goroutine", func(t *testing.T) {
+		l, h := testLoop(t, false), loopTestHandler()
+		fd, peer := socketPair(t)
+		s := newStream(h, []string{"a"})
+		l.adopt(s, &tconn{loop: l, fd: int32(fd)})
+		l.serviceReady()
+		s.Deliver(0, event(1, 1, "x"))
+		batch, _ := s.take()
+		s.close(&closeNotice{reason: "reload"}) // before the goroutine writes its first event
+		l.slow(s, batch, false)
+		waitReturned(t, l)
+		l.takeReturned()
+		got := readUntil(t, peer, "\r\n0\r\n\r\n")
+		if body := decodeChunks(t, got); !strings.Contains(body, "event: server_closing") {
+			t.Fatalf("no server_closing in %q", body)
+		}
+		if !s.tk.Load().ended.Load() {
+			t.Fatal("the stream was not ended")
+		}
+	})
+}
+
+// closeMidBatch queues events for a stream, closes it as soon as the loop
+// has taken them, and checks that the body ends with server_closing and its
+// last chunk; it returns how many events were sent before the close.
+func closeMidBatch(t *testing.T, events int) int {
+	l, h := testLoop(t, false), loopTestHandler()
+	fd, peer := socketPair(t)
+	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, 8<<20)
+	s := newStream(h, []string{"a"})
+	l.adopt(s, &tconn{loop: l, fd: int32(fd)})
+	l.serviceReady()
+	for i := range events {
+		s.Deliver(0, event(uint64(i+1), 1, "x"))
+	}
+	go func() { // close as soon as the loop has taken the batch
+		for {
+			s.mu.Lock()
+			taken := len(s.pending) == 0
+			s.mu.Unlock()
+			if taken {
+				s.close(&closeNotice{reason: "reload"})
+				return
+			}
+		}
+	}()
+	l.serviceReady()
+	for deadline := time.Now().Add(5 * time.Second); !s.tk.Load().ended.Load(); {
+		if time.Now().After(deadline) {
+			t.Fatal("the stream told to close did not end")
+		}
+		l.serviceReady() // the close, if it came after the batch
+	}
+	body := decodeChunks(t, readUntil(t, peer, "\r\n0\r\n\r\n"))
+	if !strings.HasSuffix(body, "event: server_closing\ndata: {\"reason\":\"reload\"}\n\n") {
+		t.Fatalf("the body does not end with server_closing: %.200q", body[max(0, len(body)-200):])
+	}
+	return strings.Count(body, "data: x\n")
+}
+
+// decodeChunks decodes a chunked body that must end with its last chunk.
+func decodeChunks(t *testing.T, raw string) string {
+	t.Helper()
+	var body strings.Builder
+	for rest := raw; ; {
+		line, after, ok := strings.Cut(rest, "\r\n")
+		var size int
+		if _, err := fmt.Sscanf(line, "%x", &size); !ok || err != nil || len(after) < size+2 || after[size:size+2] != "\r\n" {
+			t.Fatalf("not a chunked body at %.80q (of %d bytes)", rest, len(raw))
+		}
+		if size == 0 {
+			if after != "\r\n" {
+				t.Fatalf("bytes after the last chunk: %q", after)
+			}
+			return body.String()
+		}
+		body.WriteString(after[:size])
+		rest = after[size+2:]
+	}
+}
+
+func waitReturned(t *testing.T, l *pollLoop) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		l.mu.Lock()
+		n := len(l.returned)
+		l.mu.Unlock()
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the goroutine did not give the stream back")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// When the loops stop (the last config with `writer takeover` goes), a
+// stream lent to a goroutine blocked writing to its full socket must not
+// have its descriptor closed under that write: the number would go to the
+// next connection opened, which would then receive the old stream's bytes.
+// It is shut down instead, and the goroutine ends it.
+func TestLoopStoppingLeavesALentStreamsDescriptorToItsGoroutine(t *testing.T) {
+	l, h := testLoop(t, false), loopTestHandler()
+	fd, peer := socketPair(t)
+	fill := make([]byte, 64<<10)
+	for {
+		if _, err := unix.Write(fd, fill); err != nil {
+			break // full: the client does not read
+		}
+	}
+	s := newStream(h, []string{"a"})
+	l.adopt(s, &tconn{loop: l, fd: int32(fd)})
+	s.Deliver(0, event(1, 1, "OLD-STREAM-BYTES"))
+	batch, _ := s.take()
+	l.slow(s, batch, false) // blocks in poll(2) for the socket
+	l.endAll()
+
+	// new connections take the lowest free numbers, the old one's too once
+	// it is closed; none of them may receive the old stream's bytes
+	var opened []int
+	defer func() {
+		for _, fd := range opened {
+			unix.Close(fd)
+		}
+	}()
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		p, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		opened = append(opened, p[0], p[1])
+		for _, fd := range opened {
+			if got := readAvailable(fd); strings.Contains(got, "OLD-STREAM-BYTES") {
+				t.Fatalf("a new connection (descriptor %d) received the ended stream's bytes: %q", fd, got)
+			}
+		}
+		if l.count.Load() == 0 {
+			break
+		}
+	}
+	if n := l.count.Load(); n != 0 {
+		t.Fatalf("%d stream(s) still held after the loop stopped", n)
+	}
+	// the client sees its stream end
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		n, err := unix.Read(peer, fill)
+		if n == 0 && err == nil {
+			break // end of stream
+		}
+		if err != nil && !errors.Is(err, unix.EAGAIN) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the client's connection did not end")
+		}
+		if n <= 0 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+}
