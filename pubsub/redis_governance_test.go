@@ -89,6 +89,55 @@ func TestRedisLeaseReleaseAndLapse(t *testing.T) {
 	}
 }
 
+// Streams of other principals that come and go more often than the
+// renewal period must not put the renewal off: the held lease would lapse
+// and the cap let a second stream in.
+func TestRedisLeaseRenewedWhileOthersComeAndGo(t *testing.T) {
+	srv := redistest.Start(t)
+	r := NewRedisLeases(newTestRedis(t, srv))
+	defer r.Close()
+	ctx := context.Background()
+	const ttl = 600 * time.Millisecond
+	if _, err := r.Acquire(ctx, "p", 1, ttl); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(4 * ttl); time.Now().Before(end); time.Sleep(ttl / 12) {
+		l, err := r.Acquire(ctx, "churn", 0, ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Release()
+	}
+	if _, err := r.Acquire(ctx, "p", 1, ttl); !errors.Is(err, ErrLimitReached) {
+		t.Fatalf("a second lease for a cap of 1 while the first is held: %v", err)
+	}
+}
+
+// A lease Redis lost (here a restart without persistence) is put back by
+// the next renewal: the stream holding it counts again.
+func TestRedisLeaseRestoredAfterRedisLostIt(t *testing.T) {
+	srv := redistest.Start(t)
+	r := NewRedisLeases(newTestRedis(t, srv))
+	defer r.Close()
+	ctx := context.Background()
+	if _, err := r.Acquire(ctx, "p", 1, 600*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	srv.Kill()
+	srv.Restart()
+	for deadline := time.Now().Add(redisWait); ; time.Sleep(20 * time.Millisecond) {
+		if counts, err := r.Counts(ctx, []string{"p"}); err == nil && counts["p"] == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the lease Redis lost was never put back")
+		}
+	}
+	if _, err := r.Acquire(ctx, "p", 1, 600*time.Millisecond); !errors.Is(err, ErrLimitReached) {
+		t.Fatalf("a second lease for a cap of 1 after the restart: %v", err)
+	}
+}
+
 // waitLease waits until a lease for principal can be taken with limit.
 func waitLease(t *testing.T, r *RedisLeases, principal string, limit int) {
 	t.Helper()

@@ -29,7 +29,7 @@ type RedisLeases struct {
 	mu       sync.Mutex
 	held     map[*redisLease]struct{}
 	released []*redisLease
-	ttl      time.Duration // the longest ttl asked for: the renewal period
+	ttl      time.Duration // the shortest ttl asked for: a third of it is the renewal period
 	running  bool
 	wake     chan struct{}
 	stop     chan struct{}
@@ -94,8 +94,9 @@ func (r *RedisLeases) Acquire(ctx context.Context, principal string, limit int, 
 		return nil, ErrClosed
 	}
 	r.held[l] = struct{}{}
-	if ttl > r.ttl {
+	if r.ttl == 0 || ttl < r.ttl {
 		r.ttl = ttl
+		r.poke() // its renewal may be due sooner than the loop waits
 	}
 	if !r.running {
 		r.running = true
@@ -112,31 +113,49 @@ func (l *redisLease) Release() {
 		delete(r.held, l)
 		r.released = append(r.released, l)
 		r.mu.Unlock()
-		select {
-		case r.wake <- struct{}{}:
-		default:
-		}
+		r.poke()
 	})
 }
 
+// poke wakes maintain.
+func (r *RedisLeases) poke() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
 // maintain renews the held leases every third of their ttl and removes the
-// released ones as they come.
+// released ones as they come. The renewals keep their own clock: releases
+// wake the loop far more often than a period when streams come and go, and
+// must not put the renewal off (the held leases would lapse).
 func (r *RedisLeases) maintain() {
 	defer close(r.done)
+	renewed := time.Now()
+	timer := time.NewTimer(r.period())
+	defer timer.Stop()
 	for {
-		r.mu.Lock()
-		period := r.ttl / 3
-		r.mu.Unlock()
 		select {
-		case <-time.After(period):
-			r.renew()
+		case <-timer.C:
 		case <-r.wake:
 		case <-r.stop:
 			r.flushReleases()
 			return
 		}
-		r.flushReleases()
+		if time.Since(renewed) >= r.period() {
+			r.renew()
+			renewed = time.Now()
+		}
+		r.flushReleases() // after renew: it may have put back a lease released meanwhile
+		timer.Reset(time.Until(renewed.Add(r.period())))
 	}
+}
+
+// period is how often the leases are renewed.
+func (r *RedisLeases) period() time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return max(r.ttl/3, 10*time.Millisecond)
 }
 
 func (r *RedisLeases) renew() {
@@ -154,7 +173,10 @@ func (r *RedisLeases) renew() {
 	now := time.Now().UnixMilli()
 	pipe := r.b.client.Pipeline()
 	for _, l := range leases {
-		pipe.ZAddXX(ctx, l.key, redis.Z{Score: float64(now + l.ttl.Milliseconds()), Member: l.member})
+		// ZADD, not ZADD XX: a lease Redis lost (a restart without
+		// persistence, a failover that lost writes, an outage longer than the
+		// ttl) is put back, or its stream would go uncounted for good
+		pipe.ZAdd(ctx, l.key, redis.Z{Score: float64(now + l.ttl.Milliseconds()), Member: l.member})
 		pipe.PExpire(ctx, l.key, 2*l.ttl)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
