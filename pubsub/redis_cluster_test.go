@@ -198,3 +198,44 @@ func waitReplicated(t *testing.T, replica *redistest.Server, key string, n int) 
 	}
 	t.Fatalf("%s did not reach the replica", key)
 }
+
+// One primary serves many slots, and a cluster refuses (CROSSSLOT) one
+// SSUBSCRIBE for shard channels of different slots: a stream on two of its
+// channels, and the resubscription of both after the shard's connection
+// drops, must each send one command per slot.
+func TestRedisClusterChannelsOfManySlotsOnOnePrimary(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	opts := RedisOptions{Addrs: cluster.Addrs(), CheckInterval: 300 * time.Millisecond}
+	pub, _ := newRedisHub(t, RedisOptions{Addrs: cluster.Addrs()})
+	sub, broker := newRedisHub(t, opts)
+	first, a, b := channelInSlot(t, 50), channelInSlot(t, 100), channelInSlot(t, 200)
+	node := cluster.NodeOfSlot(t, 50)
+	if cluster.NodeOfSlot(t, 100) != node || cluster.NodeOfSlot(t, 200) != node {
+		t.Fatal("slots 50, 100 and 200 are not on one primary")
+	}
+	// a first channel brings the shard's connection up; then one stream
+	// subscribes two channels of other slots at once
+	defer sub.Subscribe(newRedisRecorder(), []string{first}).Close()
+	node.WaitShardSubscribers(t, "sse:{"+first+"}", 1)
+	rec := newRedisRecorder()
+	defer sub.Subscribe(rec, []string{a, b}).Close()
+	for _, c := range []string{a, b} {
+		node.WaitShardSubscribers(t, "sse:{"+c+"}", 1)
+	}
+	publishTo(t, pub, a, "a1")
+	publishTo(t, pub, b, "b1")
+	rec.waitFor(t, 0, 1)
+	rec.waitFor(t, 1, 1)
+
+	node.MustCLI("CLIENT", "KILL", "TYPE", "pubsub") // the shard's connection drops
+	for _, c := range []string{first, a, b} {
+		node.WaitShardSubscribers(t, "sse:{"+c+"}", 1) // resubscribed, one command per slot
+	}
+	publishTo(t, pub, a, "a2")
+	publishTo(t, pub, b, "b2")
+	rec.waitFor(t, 0, 2)
+	rec.waitFor(t, 1, 2)
+	if !broker.Available() {
+		t.Fatal("the broker says Redis is unavailable after resubscribing")
+	}
+}

@@ -529,7 +529,7 @@ func (s *shard) subscribe(keys []string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := ps.SSubscribe(ctx, keys...); err != nil {
+	if err := s.ssubscribe(ctx, ps, keys); err != nil {
 		s.w.b.log.Debug("subscribing failed; the connection will be replaced", zap.String("shard", s.id), zap.Error(err))
 		s.kill(ps)
 	}
@@ -547,9 +547,49 @@ func (s *shard) unsubscribe(keys []string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := ps.SUnsubscribe(ctx, keys...); err != nil {
+	if err := s.sunsubscribe(ctx, ps, keys); err != nil {
 		s.kill(ps)
 	}
+}
+
+// ssubscribe subscribes keys on ps, one command per hash slot (slotBatches).
+func (s *shard) ssubscribe(ctx context.Context, ps *redis.PubSub, keys []string) error {
+	for _, batch := range s.slotBatches(keys) {
+		if err := ps.SSubscribe(ctx, batch...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sunsubscribe unsubscribes keys on ps, one command per hash slot.
+func (s *shard) sunsubscribe(ctx context.Context, ps *redis.PubSub, keys []string) error {
+	for _, batch := range s.slotBatches(keys) {
+		if err := ps.SUnsubscribe(ctx, batch...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// slotBatches splits keys into what one SSUBSCRIBE or SUNSUBSCRIBE may
+// carry. A cluster refuses (CROSSSLOT) a command whose shard channels hash
+// to different slots, and one primary's shard holds channels of many slots;
+// a single Redis or Sentinel takes them all at once.
+func (s *shard) slotBatches(keys []string) [][]string {
+	if s.w.b.cluster == nil || len(keys) < 2 {
+		return [][]string{keys}
+	}
+	bySlot := map[uint16][]string{}
+	for _, key := range keys {
+		slot := keySlot(key)
+		bySlot[slot] = append(bySlot[slot], key)
+	}
+	batches := make([][]string, 0, len(bySlot))
+	for _, batch := range bySlot {
+		batches = append(batches, batch)
+	}
+	return batches
 }
 
 // leaveLocked records unsubscribes about to be sent (see leaving).
@@ -654,7 +694,7 @@ func (s *shard) connect() *redis.PubSub {
 	clear(s.leaving) // a new connection: what the old one was to confirm never comes
 	s.mu.Unlock()
 	if len(keys) > 0 {
-		if err := ps.SSubscribe(ctx, keys...); err != nil {
+		if err := s.ssubscribe(ctx, ps, keys); err != nil {
 			s.kill(ps)
 		}
 	}
@@ -753,7 +793,7 @@ func (s *shard) moveAway() {
 	s.mu.Unlock()
 	if ps != nil && len(keys) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_ = ps.SUnsubscribe(ctx, keys...)
+		_ = s.sunsubscribe(ctx, ps, keys)
 		cancel()
 	}
 	s.w.replace(keys)
