@@ -313,6 +313,12 @@ func (b *Redis) unavailable(err error) error {
 	if errors.Is(err, context.Canceled) {
 		return err
 	}
+	if b.cluster != nil {
+		// a primary may have failed over: go-redis learns it only from a
+		// MOVED, which a dead primary never sends, or from a reload (in the
+		// background; rate-limited by go-redis)
+		b.cluster.ReloadState(context.Background())
+	}
 	b.setUp(false, err)
 	return fmt.Errorf("%w: %v", ErrUnavailable, err)
 }

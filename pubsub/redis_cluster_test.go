@@ -239,3 +239,46 @@ func TestRedisClusterChannelsOfManySlotsOnOnePrimary(t *testing.T) {
 		t.Fatal("the broker says Redis is unavailable after resubscribing")
 	}
 }
+
+// A primary fails and stays down; its replica takes its slots over. The
+// dead primary can send no MOVED and no unsubscribe: the channel's
+// subscription must still move to the promoted replica, and the events
+// published there reach the stream, with what was published before.
+func TestRedisClusterFailoverToReplicaOfADeadPrimary(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	primary := cluster.NodeOfSlot(t, 100)
+	replica := cluster.AddReplica(t, primary)
+	opts := RedisOptions{Addrs: cluster.Addrs(), CheckInterval: 300 * time.Millisecond, DialTimeout: 300 * time.Millisecond}
+	pub, _ := newRedisHub(t, opts)
+	sub, broker := newRedisHub(t, opts)
+	ch := channelInSlot(t, 100)
+	rec := newRedisRecorder()
+	defer sub.Subscribe(rec, []string{ch}).Close()
+	primary.WaitShardSubscribers(t, "sse:{"+ch+"}", 1)
+	publishTo(t, pub, ch, "before")
+	rec.waitFor(t, 0, 1)
+	if out := primary.MustCLI("WAIT", "1", "5000"); out != "1" {
+		t.Fatalf("the replica did not acknowledge the writes: %q", out)
+	}
+
+	primary.Kill()
+	replica.MustCLI("CLUSTER", "FAILOVER", "TAKEOVER") // the operator promotes it
+	var err error
+	for deadline := time.Now().Add(redisWait); ; time.Sleep(20 * time.Millisecond) {
+		if _, err = pub.Publish(context.Background(), ch, Message{Data: []byte("after")}, testLimits); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("publishing after the failover: %v", err)
+		}
+	}
+	replica.WaitShardSubscribers(t, "sse:{"+ch+"}", 1)
+	if got := rec.waitFor(t, 0, 2); !strings.Contains(string(got[1].Frame), "after") || got[1].Pos.Seq != got[0].Pos.Seq+1 {
+		t.Fatalf("after the failover: %+v then %+v", got[0], got[1])
+	}
+	for deadline := time.Now().Add(redisWait); !broker.Available(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the broker still says Redis is unavailable after the failover")
+		}
+	}
+}

@@ -483,6 +483,7 @@ type shard struct {
 	wake      chan struct{}
 	quit      chan struct{}
 	closed    bool
+	parked    bool // run waits for a channel (parkIfEmpty)
 }
 
 // newShard returns a shard whose first full check is a check interval
@@ -519,12 +520,15 @@ func (s *shard) remove(key string) bool {
 
 func (s *shard) subscribe(keys []string) {
 	s.mu.Lock()
-	ps := s.ps
+	ps, parked := s.ps, s.parked
 	if ps != nil {
 		s.awaitLocked(len(keys))
 	}
 	s.mu.Unlock()
 	if ps == nil {
+		if parked {
+			s.wakeUp()
+		}
 		return // the connection subscribes every key when it (re)connects
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -641,11 +645,13 @@ func (s *shard) run() {
 	defer s.w.wg.Done()
 	backoff := 50 * time.Millisecond
 	for {
-		ps := s.connect()
+		ps, err := s.connect()
 		if ps == nil {
 			return // closed
 		}
-		err := s.receive(ps)
+		if err == nil {
+			err = s.receive(ps)
+		}
 		_ = ps.Close()
 		s.mu.Lock()
 		s.ps = nil
@@ -658,10 +664,8 @@ func (s *shard) run() {
 			s.w.b.unavailable(err)
 			s.w.b.reconnects.Add(1)
 		}
-		select {
-		case <-time.After(backoff):
-		case <-s.wake:
-		case <-s.quit:
+		s.relocate()
+		if !s.waitToReconnect(backoff) {
 			return
 		}
 		backoff = min(2*backoff, 2*time.Second)
@@ -673,15 +677,16 @@ func (s *shard) run() {
 
 // connect makes a new connection and subscribes every key on it; nil if
 // the shard is closed.
-func (s *shard) connect() *redis.PubSub {
+func (s *shard) connect() (*redis.PubSub, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	s.mu.Lock()
 	if s.closed {
 		// close ran meanwhile: a connection made now would never be closed
 		s.mu.Unlock()
-		return nil
+		return nil, nil
 	}
+	s.parked = false
 	ps := s.client.SSubscribe(ctx)
 	s.ps = ps
 	keys := make([]string, 0, len(s.keys))
@@ -695,10 +700,85 @@ func (s *shard) connect() *redis.PubSub {
 	s.mu.Unlock()
 	if len(keys) > 0 {
 		if err := s.ssubscribe(ctx, ps, keys); err != nil {
-			s.kill(ps)
+			return ps, err
 		}
 	}
-	return ps
+	return ps, nil
+}
+
+// waitToReconnect waits for the backoff, or until woken (Redis answers
+// again). A shard that carries no channel waits until it gets one
+// (subscribe wakes it): the shard of a primary that failed over and stays
+// down must stop dialling it, which would tell every stream Redis is down.
+// False if the shard is closed.
+func (s *shard) waitToReconnect(backoff time.Duration) bool {
+	for {
+		var retry <-chan time.Time
+		parked := s.parkIfEmpty()
+		if !parked {
+			retry = time.After(backoff)
+		}
+		select {
+		case <-retry:
+			return true
+		case <-s.wake:
+			if !parked || !s.parkIfEmpty() {
+				return true
+			}
+		case <-s.quit:
+			return false
+		}
+	}
+}
+
+// parkIfEmpty reports whether the shard carries no channel, and records it
+// for subscribe.
+func (s *shard) parkIfEmpty() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.parked = len(s.keys) == 0
+	return s.parked
+}
+
+// relocate sends the keys whose slots another primary serves now to the
+// manager, to be placed there, after the shard's connection ended. Redis
+// tells a moved slot with MOVED or an unsubscribe (moveAway), but a primary
+// that failed and stays down tells nothing: its replica took its slots
+// over, and only the cluster's state says so.
+func (s *shard) relocate() {
+	cluster := s.w.b.cluster
+	if cluster == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cluster.ReloadState(ctx) // in the background: a later end of the connection sees it
+	s.mu.Lock()
+	keys := make([]string, 0, len(s.keys))
+	for key := range s.keys {
+		keys = append(keys, key)
+	}
+	s.mu.Unlock()
+	var moved []string
+	for _, key := range keys {
+		node, err := cluster.MasterForKey(ctx, key)
+		if err != nil {
+			return // no state yet: the next end of the connection tries again
+		}
+		if node.Options().Addr != s.id {
+			moved = append(moved, key)
+		}
+	}
+	if len(moved) == 0 {
+		return
+	}
+	s.w.b.log.Info("channels moved to another primary", zap.String("from", s.id), zap.Int("channels", len(moved)))
+	s.mu.Lock()
+	for _, key := range moved {
+		delete(s.keys, key)
+	}
+	s.mu.Unlock()
+	s.w.replace(moved)
 }
 
 // receive reads the connection until it fails; it returns nil if the

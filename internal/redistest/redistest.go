@@ -173,7 +173,7 @@ func CLI(port int, args ...string) (string, error) {
 	return strings.TrimSpace(string(out)), err
 }
 
-// Cluster is a Redis Cluster of local primaries (no replicas).
+// Cluster is a Redis Cluster of local primaries (replicas are added with AddReplica).
 type Cluster struct {
 	Nodes []*Server
 }
@@ -203,6 +203,43 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	}
 	c.WaitOK(t)
 	return c
+}
+
+// AddReplica starts a node that replicates primary, and waits until it
+// is in sync and every primary knows it (so that they accept its promotion).
+// It is not one of c.Nodes.
+func (c *Cluster) AddReplica(t testing.TB, primary *Server) *Server {
+	t.Helper()
+	r := Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
+	for _, n := range c.Nodes {
+		r.MustCLI("CLUSTER", "MEET", "127.0.0.1", strconv.Itoa(n.Port))
+	}
+	id, rid := primary.NodeID(), r.NodeID()
+	waitFor(t, "the replica to replicate "+primary.Addr(), func() bool {
+		out, _ := r.CLI("CLUSTER", "REPLICATE", id) // refused until the meeting has spread
+		return out == "OK"
+	})
+	waitFor(t, "the replica to sync", func() bool {
+		out, _ := r.CLI("INFO", "replication")
+		return strings.Contains(out, "master_link_status:up")
+	})
+	for _, n := range c.Nodes {
+		waitFor(t, n.Addr()+" to know the replica", func() bool {
+			out, _ := n.CLI("CLUSTER", "NODES")
+			return strings.Contains(out, rid) && strings.Contains(out, "slave "+id)
+		})
+	}
+	return r
+}
+
+// waitFor polls cond until it holds, for at most 30 s.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
 }
 
 // WaitOK waits until every node reports cluster_state:ok and agrees on
