@@ -324,9 +324,10 @@ func (b *Redis) unavailable(err error) error {
 }
 
 // isUnavailable reports whether err is a failure to reach Redis rather than
-// an answer from it.
+// an answer from it. A cancelled context is neither: the caller gave up (a
+// publisher that disconnected), and what it sent may be in Redis already.
 func isUnavailable(err error) bool {
-	if err == nil {
+	if err == nil || errors.Is(err, context.Canceled) {
 		return false
 	}
 	if errors.Is(err, ErrUnavailable) {

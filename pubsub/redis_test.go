@@ -399,6 +399,24 @@ func TestRedisFallbackLocal(t *testing.T) {
 	}
 }
 
+// A publisher that gave up (its request's context is cancelled, e.g. the
+// client disconnected) is not Redis being unreachable: the event may be in
+// Redis already, so it is not published again locally (fallback local), and
+// Redis is not reported down.
+func TestRedisFallbackLocalNotForACancelledPublish(t *testing.T) {
+	srv := redistest.Start(t)
+	_, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, FallbackLocal: true})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	pos, err := broker.Publish(ctx, "c", Message{Data: []byte("x")}, testLimits)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("a cancelled publish returned %+v, %v; want context.Canceled", pos, err)
+	}
+	if !broker.Available() {
+		t.Fatal("a cancelled publish marked Redis down")
+	}
+}
+
 // wait_replicas: a publish returns once the replica has the event (WAIT on
 // the connection that wrote it), so the replica has it at once.
 func TestRedisWaitReplicas(t *testing.T) {
