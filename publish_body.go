@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"mime"
+	"mime/multipart"
 	"net/http"
 	"strings"
 	"unicode/utf8"
@@ -46,7 +47,7 @@ func (h *Handler) readPublish(w http.ResponseWriter, r *http.Request) (*publishR
 	case mediaType == "application/json" || strings.HasSuffix(mediaType, "+json"):
 		req, rej = readJSONPublish(r)
 	case mediaType == "application/x-www-form-urlencoded" || mediaType == "multipart/form-data":
-		req, rej = readFormPublish(r, limit)
+		req, rej = readFormPublish(r, mediaType, limit)
 	default:
 		return nil, &rejection{status: http.StatusUnsupportedMediaType, code: "unsupported_media_type", detail: "send application/json, application/x-www-form-urlencoded or multipart/form-data"}
 	}
@@ -81,7 +82,7 @@ func readError(err error) *rejection {
 
 type jsonPublish struct {
 	Channel json.RawMessage `json:"channel"`
-	Event   string          `json:"event"`
+	Event   json.RawMessage `json:"event"`
 	Data    json.RawMessage `json:"data"`
 }
 
@@ -104,8 +105,11 @@ func readJSONPublish(r *http.Request) (*publishRequest, *rejection) {
 	if dec.More() {
 		return nil, badRequest("json_invalid", "trailing data after the JSON object")
 	}
-	req := &publishRequest{event: in.Event}
+	req := &publishRequest{}
 	var rej *rejection
+	if req.event, rej = jsonEvent(in.Event); rej != nil {
+		return nil, rej
+	}
 	if req.channels, rej = jsonChannels(in.Channel); rej != nil {
 		return nil, rej
 	}
@@ -115,9 +119,28 @@ func readJSONPublish(r *http.Request) (*publishRequest, *rejection) {
 	return req, nil
 }
 
+// jsonEvent returns the event type, a string.
+func jsonEvent(raw json.RawMessage) (string, *rejection) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return "", badRequest("event_invalid", `"event" must be a string`)
+	}
+	if hasLoneSurrogate(raw) {
+		return "", badRequest("event_invalid", `"event" holds an unpaired UTF-16 surrogate escape`)
+	}
+	return s, nil
+}
+
 func jsonChannels(raw json.RawMessage) ([]string, *rejection) {
 	if len(raw) == 0 {
 		return nil, nil // reported as channel_missing
+	}
+	if hasLoneSurrogate(raw) {
+		// encoding/json would name another channel (U+FFFD for it)
+		return nil, badRequest("channel_invalid", `"channel" holds an unpaired UTF-16 surrogate escape`)
 	}
 	var one string
 	if err := json.Unmarshal(raw, &one); err == nil {
@@ -146,29 +169,76 @@ func jsonData(raw json.RawMessage) ([]byte, *rejection) {
 	if err := json.Unmarshal(raw, &s); err != nil {
 		return nil, badRequest("json_invalid", "%v", err)
 	}
-	if replacedSurrogate(raw, s) {
+	if hasLoneSurrogate(raw) {
 		return nil, badRequest("data_invalid", `"data" holds an unpaired UTF-16 surrogate escape`)
 	}
 	return []byte(s), nil
 }
 
-// replacedSurrogate reports whether decoding turned an invalid escape (a
-// lone \ud800-\udfff) into U+FFFD: the decoded text has more U+FFFD than the
-// JSON source spelled out.
-func replacedSurrogate(raw []byte, decoded string) bool {
-	got := strings.Count(decoded, "\uFFFD")
-	if got == 0 {
-		return false
+// hasLoneSurrogate reports whether the JSON text raw has a \u escape of a
+// UTF-16 surrogate (D800-DFFF) that is not half of a pair: encoding/json
+// decodes it as U+FFFD, which would publish something else than was sent.
+// Escapes are read as JSON does, so an escaped backslash followed by
+// "ud800" is text, not an escape.
+func hasLoneSurrogate(raw []byte) bool {
+	for i := 0; i < len(raw); i++ {
+		if raw[i] != '\\' || i+1 >= len(raw) {
+			continue
+		}
+		if raw[i+1] != 'u' {
+			i++ // a two-character escape: its second byte is not a backslash
+			continue
+		}
+		u, ok := hex4(raw, i+2)
+		switch {
+		case !ok:
+			return false // not valid JSON: the decoder has refused it already
+		case u >= 0xDC00 && u <= 0xDFFF:
+			return true // a low half alone
+		case u >= 0xD800 && u <= 0xDBFF:
+			low, ok := 0, false
+			if i+11 < len(raw) && raw[i+6] == '\\' && raw[i+7] == 'u' {
+				low, ok = hex4(raw, i+8)
+			}
+			if !ok || low < 0xDC00 || low > 0xDFFF {
+				return true // a high half without its low half
+			}
+			i += 11
+		default:
+			i += 5
+		}
 	}
-	src := string(raw)
-	spelled := strings.Count(src, "\uFFFD") + strings.Count(strings.ToLower(src), `\ufffd`)
-	return got > spelled
+	return false
 }
 
-func readFormPublish(r *http.Request, limit int64) (*publishRequest, *rejection) {
+// hex4 reads the four hex digits at raw[at:].
+func hex4(raw []byte, at int) (int, bool) {
+	if at+4 > len(raw) {
+		return 0, false
+	}
+	n := 0
+	for _, c := range raw[at : at+4] {
+		switch {
+		case c >= '0' && c <= '9':
+			n = n<<4 | int(c-'0')
+		case c >= 'a' && c <= 'f':
+			n = n<<4 | int(c-'a'+10)
+		case c >= 'A' && c <= 'F':
+			n = n<<4 | int(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return n, true
+}
+
+func readFormPublish(r *http.Request, mediaType string, limit int64) (*publishRequest, *rejection) {
 	var err error
-	if strings.HasPrefix(r.Header.Get("Content-Type"), "multipart/") {
+	if mediaType == "multipart/form-data" {
 		err = r.ParseMultipartForm(limit)
+		if r.MultipartForm != nil {
+			defer r.MultipartForm.RemoveAll()
+		}
 	} else {
 		err = r.ParseForm()
 	}
@@ -180,10 +250,40 @@ func readFormPublish(r *http.Request, limit int64) (*publishRequest, *rejection)
 	if len(form["event"]) > 1 || len(form["data"]) > 1 {
 		return nil, badRequest("body_invalid", "event and data may be given once")
 	}
+	if r.MultipartForm != nil {
+		if rej := fileData(req, r.MultipartForm.File, len(form["data"]) > 0); rej != nil {
+			return nil, rej
+		}
+	}
 	if !utf8.ValidString(req.event) || !utf8.Valid(req.data) {
 		return nil, badRequest("data_invalid", "event and data must be valid UTF-8")
 	}
 	return req, nil
+}
+
+// fileData takes the data from a file part (`curl -F data=@event.json`);
+// channel and event must be plain fields. A file part is otherwise left out
+// of the form's values, and the event would be published empty.
+func fileData(req *publishRequest, files map[string][]*multipart.FileHeader, dataField bool) *rejection {
+	if len(files["channel"]) > 0 || len(files["event"]) > 0 {
+		return badRequest("body_invalid", "channel and event must be plain fields, not files")
+	}
+	parts := files["data"]
+	switch {
+	case len(parts) == 0:
+		return nil
+	case len(parts) > 1 || dataField:
+		return badRequest("body_invalid", "event and data may be given once")
+	}
+	f, err := parts[0].Open()
+	if err != nil {
+		return badRequest("body_invalid", "reading the data part: %v", err)
+	}
+	defer f.Close()
+	if req.data, err = io.ReadAll(f); err != nil {
+		return badRequest("body_invalid", "reading the data part: %v", err)
+	}
+	return nil
 }
 
 // validatePublish checks the channels, event type and data size, and drops

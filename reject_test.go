@@ -179,6 +179,11 @@ func TestPublishRejections(t *testing.T) {
 		{"event type with newline", jsonHdr, `{"channel":"a","event":"x\ny"}`, 400, "event_invalid"},
 		{"not utf-8", jsonHdr, "{\"channel\":\"a\",\"data\":\"\xff\"}", 400, "body_invalid"},
 		{"lone surrogate", jsonHdr, `{"channel":"a","data":"\ud800"}`, 400, "data_invalid"},
+		{"lone low surrogate", jsonHdr, `{"channel":"a","data":"x\udc00y"}`, 400, "data_invalid"},
+		{"lone surrogate after an escaped backslash and ufffd", jsonHdr, `{"channel":"a","data":"\\ufffd\ud800"}`, 400, "data_invalid"},
+		{"lone surrogate in the event type", jsonHdr, `{"channel":"a","event":"\ud800","data":"x"}`, 400, "event_invalid"},
+		{"lone surrogate in a channel", jsonHdr, `{"channel":"\ud800","data":"x"}`, 400, "channel_invalid"},
+		{"event type not a string", jsonHdr, `{"channel":"a","event":5}`, 400, "event_invalid"},
 		{"too large", jsonHdr, `{"channel":"a","data":"` + strings.Repeat("x", 1025) + `"}`, 413, "event_too_large"},
 		{"far too large", jsonHdr, `{"channel":"a","data":"` + strings.Repeat("x", 200<<10) + `"}`, 413, "event_too_large"},
 		// the client is still sending when the server refuses: it must get the
@@ -203,13 +208,19 @@ func TestPublishRejections(t *testing.T) {
 			t.Fatalf("status %d", resp.StatusCode)
 		}
 	})
-	t.Run("escaped U+FFFD is data, not a lone surrogate", func(t *testing.T) {
-		resp := do(t, http.MethodPost, srv.base+"/events", jsonHdr, `{"channel":"a","data":"\ufffd"}`)
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			t.Fatalf("status %d", resp.StatusCode)
-		}
-	})
+	for name, body := range map[string]string{
+		"escaped U+FFFD is data, not a lone surrogate": `{"channel":"a","data":"\ufffd"}`,
+		"a surrogate pair is one character":            `{"channel":"a","event":"\ud83d\ude00","data":"\uD83D\uDE00"}`,
+		"an escaped backslash before ud800 is text":    `{"channel":"a","data":"\\ud800"}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			resp := do(t, http.MethodPost, srv.base+"/events", jsonHdr, body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+		})
+	}
 }
 
 func TestRejectedPublishDeliversNothing(t *testing.T) {

@@ -1,6 +1,8 @@
 package caddysse
 
 import (
+	"bytes"
+	"mime/multipart"
 	"net/http"
 	"net/url"
 	"strings"
@@ -85,6 +87,59 @@ func TestMultipartFormPublish(t *testing.T) {
 	}
 	if ev := c.next(); ev.Data != "multi" {
 		t.Fatalf("got %+v", ev)
+	}
+}
+
+// A file part is how `curl -F data=@event.json` sends data: it is the
+// event's data (it was left out of the form's values, and the event
+// published empty). The media type is case-insensitive (RFC 9110), and
+// channel and event as files are refused.
+func TestMultipartFormPublishWithAFilePart(t *testing.T) {
+	srv := startCaddy(t, basicSite)
+	c := srv.subscribe("/events?channels=a", nil)
+	form := func(fields map[string]string, files map[string]string) (string, []byte) {
+		var body bytes.Buffer
+		mw := multipart.NewWriter(&body)
+		for name, v := range fields {
+			_ = mw.WriteField(name, v)
+		}
+		for name, v := range files {
+			fw, _ := mw.CreateFormFile(name, name+".json")
+			_, _ = fw.Write([]byte(v))
+		}
+		_ = mw.Close()
+		return mw.FormDataContentType(), body.Bytes()
+	}
+	ctype, body := form(map[string]string{"channel": "a"}, map[string]string{"data": `{"invoice":42}`})
+	if status, reply := srv.post("/events", ctype, body, nil); status != http.StatusOK {
+		t.Fatalf("publish with a data file: %d %s", status, reply)
+	}
+	if ev := c.next(); ev.Data != `{"invoice":42}` {
+		t.Fatalf("got %+v", ev)
+	}
+	ctype, body = form(map[string]string{"channel": "a", "data": "upper-case media type"}, nil)
+	if status, reply := srv.post("/events", strings.Replace(ctype, "multipart/form-data", "Multipart/Form-Data", 1), body, nil); status != http.StatusOK {
+		t.Fatalf("publish with Multipart/Form-Data: %d %s", status, reply)
+	}
+	if ev := c.next(); ev.Data != "upper-case media type" {
+		t.Fatalf("got %+v", ev)
+	}
+	for name, files := range map[string]map[string]string{
+		"channel as a file":      {"channel": "a"},
+		"event as a file":        {"event": "t"},
+		"data as field and file": {"data": "x"},
+	} {
+		fields := map[string]string{"channel": "a"}
+		if name == "data as field and file" {
+			fields["data"] = "y"
+		}
+		if name == "channel as a file" {
+			delete(fields, "channel")
+		}
+		ctype, body := form(fields, files)
+		if status, reply := srv.post("/events", ctype, body, nil); status != http.StatusBadRequest || !strings.Contains(string(reply), "body_invalid") {
+			t.Errorf("%s: %d %s, want 400 body_invalid", name, status, reply)
+		}
 	}
 }
 
