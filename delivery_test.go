@@ -2,6 +2,7 @@ package caddysse
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -12,6 +13,10 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/caddy-sse/caddy-sse/internal/redistest"
+	"github.com/caddy-sse/caddy-sse/pubsub"
+	"github.com/caddy-sse/caddy-sse/wire"
 )
 
 func TestHeartbeatOnIdleStream(t *testing.T) {
@@ -359,4 +364,56 @@ func isChunkSize(line string) bool {
 		}
 	}
 	return true
+}
+
+// The largest event a publish accepts reaches every live stream and stays
+// in the history, whatever its data: a kilobyte of line breaks is one
+// "data:" line each, a frame seven times max_event_size, over queue_bytes
+// and history_bytes (which need only hold max_event_size with its type and
+// an entry's cost). In Redis mode the publish function must accept it too.
+func TestLargestEventIsDeliveredAndKept(t *testing.T) {
+	limits := []string{"max_event_size 1KiB", fmt.Sprintf("history_bytes %d", 1024+wire.MaxEventTypeLen+pubsub.EntryOverhead), "queue_bytes 1KiB"}
+	sites := map[string]func(t *testing.T) string{
+		"embedded": func(*testing.T) string {
+			return `
+:{PORT} {
+	sse /events {
+		channel {query.channels}
+		` + strings.Join(limits, "\n\t\t") + `
+		publish {
+			secret ` + testSecret + `
+		}
+	}
+}
+`
+		},
+		"redis": func(t *testing.T) string { return redisSite(redistest.Start(t).URL(), limits...) },
+	}
+	for name, site := range sites {
+		t.Run(name, func(t *testing.T) {
+			srv := startCaddy(t, site(t))
+			live := srv.subscribe("/events?channels=a", nil)
+			var ids []string
+			for _, data := range []string{strings.Repeat("x", 1024), strings.Repeat("\n", 1024)} {
+				status, reply := srv.post("/events", "application/json", mustJSON(t, map[string]any{"channel": "a", "event": strings.Repeat("t", wire.MaxEventTypeLen), "data": data}), nil)
+				if status != http.StatusOK {
+					t.Fatalf("publish of max_event_size: %d %s", status, reply)
+				}
+				var ok struct{ IDs map[string]string }
+				if err := json.Unmarshal(reply, &ok); err != nil || ok.IDs["a"] == "" {
+					t.Fatalf("reply %s: %v", reply, err)
+				}
+				ids = append(ids, ok.IDs["a"])
+				if ev := live.next(); ev.Data != data {
+					t.Fatalf("live: got %d bytes of data (%q...), want %d", len(ev.Data), ev.Data[:min(len(ev.Data), 20)], len(data))
+				}
+			}
+			// the history is over its cap with the newest event alone: it
+			// is kept, and a stream that missed only it gets it
+			resumed := srv.subscribe("/events?channels=a", header("Last-Event-ID", ids[0]))
+			if ev := resumed.next(); ev.Type == wire.TypeTruncated || ev.ID != ids[1] || ev.Data != strings.Repeat("\n", 1024) {
+				t.Fatalf("resuming after the first large event: %s %s, want the second one, not truncated", ev.Type, ev.ID)
+			}
+		})
+	}
 }

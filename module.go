@@ -21,6 +21,7 @@ import (
 
 	"github.com/caddy-sse/caddy-sse/pubsub"
 	"github.com/caddy-sse/caddy-sse/replay"
+	"github.com/caddy-sse/caddy-sse/wire"
 )
 
 func init() {
@@ -450,8 +451,10 @@ func (h *Handler) validateLimits() error {
 		{h.HistoryMaxAge > 0, "history max age must be positive"},
 		{h.ReplayLimit > 0, "replay_limit must be positive"},
 		{h.MaxChannels > 0, "max_channels must be positive"},
+		{h.MaxChannels <= replay.MaxCursorChannels, fmt.Sprintf("max_channels must be at most %d: a stream's Last-Event-ID holds a position for each of its channels and must stay under %d bytes", replay.MaxCursorChannels, replay.MaxCursorLen)},
 		{h.MaxEventSize > 0, "max_event_size must be positive"},
-		{h.HistoryBytes >= h.MaxEventSize, "history_bytes must be at least max_event_size"},
+		{h.HistoryBytes >= h.MaxEventSize+wire.MaxEventTypeLen+pubsub.EntryOverhead,
+			fmt.Sprintf("history_bytes must be at least max_event_size plus %d bytes (the largest event type, and an entry's own cost)", wire.MaxEventTypeLen+pubsub.EntryOverhead)},
 		{h.Queue > 0, "queue must be positive"},
 		{h.QueueBytes >= h.MaxEventSize, "queue_bytes must be at least max_event_size"},
 		{h.SlowClientTimeout > 0, "slow_client_timeout must be positive"},

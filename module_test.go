@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-sse/caddy-sse/replay"
 )
 
 func validHandler() *Handler {
@@ -25,6 +27,9 @@ func TestValidate(t *testing.T) {
 		{"namespace with colon", func(h *Handler) { h.Namespace = "a:b" }, "namespace"},
 		{"namespace with brace", func(h *Handler) { h.Namespace = "a{" }, "namespace"},
 		{"history below event size", func(h *Handler) { h.HistoryBytes = h.MaxEventSize - 1 }, "history_bytes"},
+		// the largest event must fit with its type and an entry's cost (Redis refuses it otherwise)
+		{"history just the event size", func(h *Handler) { h.HistoryBytes = h.MaxEventSize }, "history_bytes"},
+		{"more channels than a cursor holds", func(h *Handler) { h.MaxChannels = replay.MaxCursorChannels + 1 }, "max_channels"},
 		{"queue bytes below event size", func(h *Handler) { h.QueueBytes = 10 }, "queue_bytes"},
 		{"negative replay limit", func(h *Handler) { h.ReplayLimit = -1 }, "replay_limit"},
 		{"per-principal cap without principal", func(h *Handler) { h.MaxConnectionsPerPrincipal = 2 }, "needs a principal"},

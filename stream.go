@@ -123,7 +123,10 @@ func (s *stream) Deliver(slot int, ev *replay.Event) {
 	switch {
 	case s.overflow:
 		s.dropped++
-	case len(s.pending) >= s.h.Queue || s.queuedLen+size > s.h.QueueBytes:
+	case len(s.pending) >= s.h.Queue || (len(s.pending) > 0 && s.queuedLen+size > s.h.QueueBytes):
+		// an empty queue takes any event: a frame of many short lines can
+		// be larger than queue_bytes, and would otherwise overflow every
+		// stream at once
 		s.overflow = true
 		s.dropped++
 		s.overflowSince.Store(time.Now().UnixNano())

@@ -92,6 +92,11 @@ func (b *Redis) channelOf(key string) (string, bool) {
 
 // Publish appends the event to the channel's stream and announces it, in
 // one function call.
+// EntryOverhead is what an event costs in a Redis history besides its type
+// and data (OVERHEAD in the publish function): a history's byte cap must
+// hold the largest event and this, or the function refuses it.
+const EntryOverhead = 64
+
 func (b *Redis) Publish(ctx context.Context, channel string, msg Message, lim replay.Limits) (replay.Position, error) {
 	if b.closed.Load() {
 		return replay.Position{}, ErrClosed

@@ -23,6 +23,14 @@ const (
 	cursorVersion = 1
 	// MaxCursorLen bounds the text of a cursor that is parsed.
 	MaxCursorLen = 16 << 10
+	// maxEntryLen is the most a channel's entry takes (a hash, a 32-bit
+	// epoch and two 64-bit varints).
+	maxEntryLen = 4 + 5 + 2*binary.MaxVarintLen64
+	// MaxCursorChannels is the most channels a cursor can name and still
+	// parse: its text, base64 of the version, the entries and the check
+	// byte, must fit in MaxCursorLen. A stream may have no more channels,
+	// or its own ids would not be read back.
+	MaxCursorChannels = (MaxCursorLen/4*3 - 2) / maxEntryLen
 )
 
 // ChannelPosition is one entry of a cursor.

@@ -362,3 +362,20 @@ func FuzzParseCursor(f *testing.F) {
 		}
 	})
 }
+
+// A stream's own ids must parse back: a cursor naming MaxCursorChannels
+// channels, every value at its largest, fits MaxCursorLen.
+func TestCursorOfMaxCursorChannelsParsesBack(t *testing.T) {
+	entries := make([]ChannelPosition, MaxCursorChannels)
+	for i := range entries {
+		entries[i] = ChannelPosition{Hash: uint32(i), Pos: Position{Epoch: math.MaxUint32, Seq: math.MaxUint64, Time: 1 << 62}}
+	}
+	text := EncodeCursor(entries...)
+	got, ok := ParseCursor(text)
+	if !ok || len(got) != len(entries) {
+		t.Fatalf("a cursor of %d channels (%d bytes, limit %d) does not parse back", len(entries), len(text), MaxCursorLen)
+	}
+	if more := EncodeCursor(append(entries, entries[0])...); len(more) <= MaxCursorLen {
+		t.Logf("one channel more still fits (%d bytes): MaxCursorChannels is conservative", len(more))
+	}
+}

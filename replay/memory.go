@@ -100,9 +100,12 @@ func (r *ring) append(frame []byte, lim Limits, now time.Time) *Event {
 }
 
 // trim drops the oldest events beyond the limits, and compacts the ring when
-// more than half of it is dropped slots.
+// more than half of it is dropped slots. The newest event always stays,
+// even one that alone is over MaxBytes (a frame of many short lines grows
+// well past its data): an accepted event is never lost from the history
+// that streams catch up from.
 func (r *ring) trim(lim Limits, now time.Time) {
-	for !r.empty() && ((lim.Count > 0 && r.Len() > lim.Count) || (lim.MaxBytes > 0 && r.bytes > lim.MaxBytes)) {
+	for r.Len() > 1 && ((lim.Count > 0 && r.Len() > lim.Count) || (lim.MaxBytes > 0 && r.bytes > lim.MaxBytes)) {
 		r.dropOldest()
 	}
 	r.expire(now)
