@@ -357,3 +357,51 @@ func (s *testServer) publishConcurrently(data string, n, workers int) int {
 	wg.Wait()
 	return n
 }
+
+// A stream told to close (a reload, a stop) whose client has stopped
+// reading ends within the last-words bound, not after the slow-client
+// timeout: a stop waits for every stream, and a write already blocked when
+// the close comes is hurried too. Its server_closing cannot reach that
+// client; a client that reads gets it (the reload and stop tests).
+func TestCloseOfAStalledStreamIsBounded(t *testing.T) {
+	sites := `
+:{PORT} {
+	metrics /metrics
+	sse /events {
+		channel a
+		queue 5000
+		max_event_size 16KiB
+		queue_bytes 256MiB
+		history 100000
+		history_bytes 512MiB
+		slow_client_timeout 10s
+		throttle off
+		heartbeat off
+		close_jitter 100ms
+		publish {
+			secret ` + testSecret + `
+		}
+	}
+}
+`
+	srv := startCaddy(t, sites)
+	c, tap := openValved(t, srv.base+"/events", smallReceiveBuffer())
+	srv.publish("/events", map[string]any{"channel": "a", "data": "warm"})
+	if ev := c.next(); ev.Data != "warm" {
+		t.Fatalf("got %+v", ev)
+	}
+	tap.stall()
+	srv.publishConcurrently(strings.Repeat("x", 16000), 600, 4) // ~9.6 MB: more than the sockets hold
+	time.Sleep(500 * time.Millisecond)                          // the stream's write blocks on the full socket
+	began := time.Now()
+	srv.reload(sites) // the old config's streams are told to close
+	for metric(t, srv.scrape(), "caddy_sse_streams_open") != 0 {
+		if time.Since(began) > 30*time.Second {
+			t.Fatal("the stalled stream never ended")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if took := time.Since(began); took > 5*time.Second {
+		t.Errorf("a stalled stream took %v to end after it was told to close (slow_client_timeout 10s, last words %v)", took.Round(10*time.Millisecond), lastWordsTimeout)
+	}
+}

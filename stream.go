@@ -81,8 +81,13 @@ type stream struct {
 	lastWrite     atomic.Int64                  // Unix nanoseconds of the last flush
 	overflowSince atomic.Int64                  // Unix nanoseconds the queue overflowed; 0 if it has not
 	closing       atomic.Pointer[closeNotice]
-	tk            atomic.Pointer[tconn] // set once an event loop writes it (takeover)
-	idText        *string               // the client's cursor, kept while degraded
+	// hurry, if set, brings the deadline of a write in flight down to
+	// lastWordsTimeout, from any goroutine: a stream told to close must not
+	// wait the whole slow-client timeout on a client that stopped reading
+	// (a stop waits for it). Set by whoever makes the stream's writer.
+	hurry  atomic.Pointer[func()]
+	tk     atomic.Pointer[tconn] // set once an event loop writes it (takeover)
+	idText *string               // the client's cursor, kept while degraded
 
 	who    client // who opened it, for caps, throttles and logs
 	remote string // the client's address, for logs
@@ -155,8 +160,21 @@ func (s *stream) poke() {
 
 // close asks the stream to end with a server_closing event.
 func (s *stream) close(n *closeNotice) {
-	s.closing.CompareAndSwap(nil, n)
+	if s.closing.CompareAndSwap(nil, n) {
+		if hurry := s.hurry.Load(); hurry != nil {
+			(*hurry)()
+		}
+	}
 	s.poke()
+}
+
+// setHurry sets how a write in flight is hurried (see hurry); nil for none.
+func (s *stream) setHurry(hurry func()) {
+	if hurry == nil {
+		s.hurry.Store(nil)
+		return
+	}
+	s.hurry.Store(&hurry)
 }
 
 // take swaps the queue out, so that Deliver fills the spare while the
@@ -423,8 +441,7 @@ func (s *stream) writeClosing(n *closeNotice) error {
 	s.buf = wire.AppendRetry(s.buf[:0], n.retry.Milliseconds())
 	s.buf = wire.AppendEvent(s.buf, wire.TypeServerClosing, []byte(`{"reason":"`+n.reason+`"}`))
 	s.buf = wire.AppendEnd(s.buf)
-	if err := s.out.Write(s.buf); err != nil {
-		return err
-	}
-	return s.out.Flush()
+	// last words: a client that does not take them within lastWordsTimeout
+	// is not waited for (a stop waits for every stream)
+	return s.out.WriteLast(s.buf)
 }

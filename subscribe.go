@@ -91,7 +91,9 @@ func (h *Handler) openStream(w http.ResponseWriter, r *http.Request) (*stream, s
 	if r.Method == http.MethodHead {
 		return nil, startingPoint{}, nil
 	}
-	s.out = newHTTPStreamWriter(w, r, time.Duration(h.SlowClientTimeout))
+	sw := newHTTPStreamWriter(w, r, time.Duration(h.SlowClientTimeout))
+	s.out = sw
+	s.setHurry(sw.hurry)
 	if keepsHandlerGoroutine(r) {
 		s.writeOnOwnStacks()
 	}
@@ -104,6 +106,9 @@ func (h *Handler) openStream(w http.ResponseWriter, r *http.Request) (*stream, s
 // the takeover writer if it can, or writes it on this goroutine until it
 // ends. It reports whether it handed the stream over.
 func (h *Handler) serveStream(w http.ResponseWriter, r *http.Request, s *stream, start startingPoint) bool {
+	if sw, ok := s.out.(*httpStreamWriter); ok {
+		defer sw.end()
+	}
 	err := s.onOwnStack(func() error {
 		s.begin(lastEventID(r) != "", start)
 		return s.open(r.Context(), start)

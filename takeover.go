@@ -52,10 +52,14 @@ func (h *Handler) takeOver(w http.ResponseWriter, r *http.Request, s *stream) bo
 	if strings.EqualFold(w.Header().Get("Transfer-Encoding"), "identity") {
 		return false // net/http did not chunk this response: the loop writes chunks
 	}
+	if sw, ok := s.out.(*httpStreamWriter); ok {
+		sw.end() // the response's writer is about to go
+	}
 	conn, _, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		return false
 	}
+	s.setHurry(nil)
 	// keep only the connection itself: Caddy's wrapper (which counts bytes
 	// for the access log) holds the whole request and its buffers
 	if r.TLS != nil {
@@ -69,9 +73,16 @@ func (h *Handler) takeOver(w http.ResponseWriter, r *http.Request, s *stream) bo
 	if conn != nil {
 		cw := &connWriter{to: connSink{conn}, timeout: time.Duration(h.SlowClientTimeout)}
 		s.out = cw
+		s.setHurry(hurryConn(conn))
 		go s.serveHijacked(conn, cw)
 	}
 	return true
+}
+
+// hurryConn brings the deadline of a write in flight on conn down to
+// lastWordsTimeout (a net.Conn's deadlines are safe from any goroutine).
+func hurryConn(conn net.Conn) func() {
+	return func() { _ = conn.SetWriteDeadline(time.Now().Add(lastWordsTimeout)) }
 }
 
 // adoptTLS gives a taken-over TLS stream to an event loop, which watches
@@ -83,7 +94,12 @@ func (h *Handler) adoptTLS(s *stream, conn net.Conn) net.Conn {
 		return conn
 	}
 	raw := innerConn[*net.TCPConn](tc.NetConn())
-	if raw == nil || !h.loops.adopt(s, raw, tc) {
+	if raw == nil {
+		return tc
+	}
+	// set before the loop has it: a close may come as soon as it does
+	s.setHurry(hurryConn(tc))
+	if !h.loops.adopt(s, raw, tc) {
 		return tc
 	}
 	return nil

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -51,6 +52,12 @@ type httpStreamWriter struct {
 	// began is when the writes since the last flush began: the clock is
 	// read once per batch, not per write.
 	began time.Time
+	// hurryMu orders hurry (any goroutine) against end: a deadline that
+	// hurry set after the stream ended would linger on the connection's
+	// next response (keep-alive).
+	hurryMu sync.Mutex
+	hurried bool
+	ended   bool
 }
 
 // newHTTPStreamWriter prepares w for a long stream (SPEC S2): Caddy's
@@ -68,6 +75,42 @@ func newHTTPStreamWriter(w http.ResponseWriter, r *http.Request, timeout time.Du
 		sw.manual = true
 	}
 	return sw
+}
+
+// hurry brings the deadline of a write in flight down to lastWordsTimeout;
+// safe from any goroutine. It sets the connection's deadline below Caddy's
+// idle-timeout writer (whose own bookkeeping is its goroutine's): that
+// writer arms it again at the next write, which is then the stream's last
+// words, bounded the same.
+func (sw *httpStreamWriter) hurry() {
+	sw.hurryMu.Lock()
+	defer sw.hurryMu.Unlock()
+	if sw.ended {
+		return
+	}
+	sw.hurried = true
+	_ = sw.conn().SetWriteDeadline(time.Now().Add(min(sw.timeout, lastWordsTimeout)))
+}
+
+// end is called when the stream no longer writes here (it ended, or was
+// taken over): hurry does nothing from then on, and a deadline it set is
+// taken back.
+func (sw *httpStreamWriter) end() {
+	sw.hurryMu.Lock()
+	defer sw.hurryMu.Unlock()
+	if !sw.ended && sw.hurried {
+		_ = sw.conn().SetWriteDeadline(time.Time{})
+	}
+	sw.ended = true
+}
+
+// conn controls the connection's deadlines below Caddy's idle-timeout
+// writer, if there is one.
+func (sw *httpStreamWriter) conn() *http.ResponseController {
+	if sw.idle != nil {
+		return sw.idle.Ctrl
+	}
+	return sw.rc
 }
 
 // MayBlock is true: the stream has its handler's goroutine.
