@@ -1082,10 +1082,29 @@ func (r *runner) deliver(ss streamSet) error {
 	if pres.failed.Load() > 0 {
 		problems = append(problems, fmt.Sprintf("%d publishes failed", pres.failed.Load()))
 	}
+	problems = append(problems, deliveryFaults(d, cfg.ordered)...)
 	if len(problems) > 0 {
 		return errors.New(strings.Join(problems, "; "))
 	}
 	return nil
+}
+
+// deliveryFaults are what a correct server never does, whatever the load:
+// deliver an event twice, to a stream of another channel, or (with ordered
+// publishers) out of order. A run that saw any fails, as one that lost
+// events does.
+func deliveryFaults(d *deliverySummary, ordered bool) []string {
+	var faults []string
+	if d.Dupes > 0 {
+		faults = append(faults, fmt.Sprintf("%d deliveries duplicated", d.Dupes))
+	}
+	if ordered && d.Reordered > 0 {
+		faults = append(faults, fmt.Sprintf("%d deliveries out of order", d.Reordered))
+	}
+	if d.Foreign > 0 {
+		faults = append(faults, fmt.Sprintf("%d deliveries to a stream of another channel", d.Foreign))
+	}
+	return faults
 }
 
 // reconnectStorm: open streams, give each a Last-Event-ID, reload the
