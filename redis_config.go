@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -138,6 +139,11 @@ func applyURL(opts *pubsub.RedisOptions, raw string) error {
 	}
 	u, err := redis.ParseURL(raw)
 	if err != nil {
+		// url.Error quotes the whole URL, password and all: keep only why
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			err = uerr.Err
+		}
 		return fmt.Errorf("redis: malformed URL: %v", err)
 	}
 	opts.Addrs = append([]string{u.Addr}, opts.Addrs...)

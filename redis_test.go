@@ -148,6 +148,8 @@ func TestRedisFallbackLocal(t *testing.T) {
 func TestRedisConfigErrors(t *testing.T) {
 	cases := []struct{ name, redis, want string }{
 		{"malformed url", "redis ftp://nope", "malformed URL"},
+		// a password with an unescaped %: the error must not show it
+		{"malformed url with a password", "redis redis://app:p%ssw0rd-SECRET@127.0.0.1:6379/0", "malformed URL"},
 		{"unset url variable", "redis {env.CADDY_SSE_TEST_UNSET_REDIS_URL}", "URL is empty"},
 		{"address without port", "redis {\n\t\t\taddresses localhost\n\t\t}", "not host:port"},
 		{"cluster with db", "redis {\n\t\t\taddresses 127.0.0.1:1 127.0.0.1:2\n\t\t\tdb 2\n\t\t}", "only database 0"},
@@ -168,6 +170,9 @@ func TestRedisConfigErrors(t *testing.T) {
 			}
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %v, want one containing %q", err, tc.want)
+			}
+			if strings.Contains(err.Error(), "SECRET") {
+				t.Fatalf("the error shows the password: %v", err)
 			}
 		})
 	}

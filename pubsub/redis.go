@@ -228,6 +228,10 @@ func (b *Redis) callOn(ctx context.Context, conn *redis.Conn, node *redis.Client
 		return reply, b.classify(err)
 	}
 	reply, err := b.fcall(ctx, conn, key, function, readOnly, args...)
+	if functionsForbidden(err) {
+		b.useScripts(err)
+		reply, err = runScript(ctx, conn, key, function, readOnly, args...)
+	}
 	if isFunctionMissing(err) {
 		err = b.loadOn(ctx, node)
 		switch {

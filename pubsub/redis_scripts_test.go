@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/caddy-sse/caddy-sse/internal/redistest"
 )
@@ -46,5 +47,23 @@ func TestRedisWithoutFunctions(t *testing.T) {
 	page, err := hub.Read(context.Background(), "s", &first, 10)
 	if err != nil || len(page.Events) != 1 || dataOf(page.Events[0]) != "via EVAL" {
 		t.Fatalf("read: %+v %v", page, err)
+	}
+}
+
+// wait_replicas publishes on a connection of its own (for WAIT): a Redis
+// that forbids functions must send it to the scripts too, from the first
+// publish of an instance that has read nothing yet.
+func TestRedisWithoutFunctionsWaitReplicas(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.MustCLI("ACL", "SETUSER", "nofunc", "on", ">pw", "~*", "&*", "+@all", "-function", "-fcall", "-fcall_ro")
+	hub, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, Username: "nofunc", Password: "pw",
+		WaitReplicas: 1, WaitTimeout: 50 * time.Millisecond})
+	for i := range 3 {
+		if _, err := hub.Publish(context.Background(), "w", Message{Data: []byte("x")}, testLimits); err != nil {
+			t.Fatalf("publish %d: %v", i, err)
+		}
+	}
+	if n := srv.MustCLI("XLEN", "sse:{w}:s"); n != "3" {
+		t.Fatalf("the stream holds %s events, want 3", n)
 	}
 }
