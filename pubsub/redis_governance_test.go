@@ -3,6 +3,7 @@ package pubsub
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -189,6 +190,39 @@ func TestRedisIdempotencyAcrossInstances(t *testing.T) {
 	}
 	if _, replayed, err := b.Do(ctx, "k2", "fp", publish); err != nil || replayed {
 		t.Fatalf("retry after a failure: replayed %v %v", replayed, err)
+	}
+}
+
+// A publish that takes longer than the pending claim's ttl (wait_replicas
+// with a replica down, retries) keeps its claim: a retry with the same key
+// waits for it and gets its reply, and nothing is published twice.
+func TestRedisIdempotencyClaimOutlivesASlowPublish(t *testing.T) {
+	srv := redistest.Start(t)
+	a, b := NewRedisIdempotency(newTestRedis(t, srv)), NewRedisIdempotency(newTestRedis(t, srv))
+	a.pendingTTL, b.pendingTTL = 300*time.Millisecond, 300*time.Millisecond
+	ctx := context.Background()
+	var runs atomic.Int32
+	started := make(chan struct{})
+	slow := func() ([]byte, error) {
+		if runs.Add(1) == 1 {
+			close(started)
+			time.Sleep(4 * a.pendingTTL) // the claim would have lapsed three times over
+		}
+		return []byte(fmt.Sprintf(`{"run":%d}`, runs.Load())), nil
+	}
+	first := make(chan []byte, 1)
+	go func() {
+		reply, _, err := a.Do(ctx, "k", "fp", slow)
+		if err != nil {
+			t.Error(err)
+		}
+		first <- reply
+	}()
+	<-started
+	time.Sleep(2 * a.pendingTTL) // the client gave up and retries, on another instance
+	retry, replayed, err := b.Do(ctx, "k", "fp", slow)
+	if err != nil || !replayed || string(retry) != string(<-first) || runs.Load() != 1 {
+		t.Fatalf("retry %s replayed %v %v; publishes %d, want the first reply and 1", retry, replayed, err, runs.Load())
 	}
 }
 

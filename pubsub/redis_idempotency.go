@@ -3,6 +3,8 @@ package pubsub
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
+	"strconv"
 	"strings"
 	"time"
 
@@ -17,14 +19,16 @@ type IdempotencyStore interface {
 
 // RedisIdempotency keeps Idempotency-Key replies in Redis, so that a retry
 // that a load balancer sends to another instance still gets the first
-// reply. The key "<prefix>idem:{<key>}" holds "p:<fingerprint>" while the
-// first request publishes (for at most idemPendingTTL, in case its instance
-// dies), then "d:<fingerprint>:<reply>" for IdempotencyTTL. While Redis is
+// reply. The key "<prefix>idem:{<key>}" holds "p:<fingerprint>:<claim>"
+// while the first request publishes (renewed while it does, so that it
+// lapses within idemPendingTTL only if its instance dies), then
+// "d:<fingerprint>:<reply>" for IdempotencyTTL. While Redis is
 // unreachable it falls back to this instance's memory (logged): publishing
 // then fails anyway unless fallback local is on.
 type RedisIdempotency struct {
-	b     *Redis
-	local *Idempotency
+	b          *Redis
+	local      *Idempotency
+	pendingTTL time.Duration // idemPendingTTL; shorter in tests
 }
 
 const (
@@ -37,17 +41,31 @@ var releaseIfPending = redis.NewScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0`)
 
+// renewIfPending extends a pending claim that is still ours.
+var renewIfPending = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0`)
+
+// settleIfPending replaces a pending claim that is still ours (or that
+// lapsed, with nobody else's in its place) with the reply: a claim that
+// lapsed and was taken by a retry is that retry's to settle.
+var settleIfPending = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] or not v then redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end
+return 0`)
+
 // NewRedisIdempotency returns a store in b's Redis.
 func NewRedisIdempotency(b *Redis) *RedisIdempotency {
-	return &RedisIdempotency{b: b, local: NewIdempotency()}
+	return &RedisIdempotency{b: b, local: NewIdempotency(), pendingTTL: idemPendingTTL}
 }
 
 // Do publishes once per key across every instance sharing the Redis.
 func (r *RedisIdempotency) Do(ctx context.Context, key, fingerprint string, publish func() ([]byte, error)) ([]byte, bool, error) {
 	rkey := r.b.opts.Prefix + "idem:{" + key + "}"
-	pending := "p:" + fingerprint
+	// the claim's own token tells this request's claim from a retry's
+	pending := "p:" + fingerprint + ":" + strconv.FormatUint(rand.Uint64(), 36)
 	for {
-		claimed, err := r.b.client.SetNX(ctx, rkey, pending, idemPendingTTL).Result()
+		claimed, err := r.b.client.SetNX(ctx, rkey, pending, r.pendingTTL).Result()
 		if err != nil {
 			if isUnavailable(err) {
 				r.b.log.Warn("idempotency keys fall back to this instance: redis is unreachable", zap.Error(err))
@@ -77,15 +95,45 @@ func (r *RedisIdempotency) publishClaimed(ctx context.Context, rkey, pending, fi
 			_ = releaseIfPending.Run(context.WithoutCancel(ctx), r.b.client, []string{rkey}, pending).Err()
 		}
 	}()
+	stop := r.keepClaim(ctx, rkey, pending)
 	reply, err = publish()
+	stop()
 	if err != nil {
 		return nil, false, err
 	}
-	if err := r.b.client.Set(context.WithoutCancel(ctx), rkey, "d:"+fingerprint+":"+string(reply), IdempotencyTTL).Err(); err != nil {
+	err = settleIfPending.Run(context.WithoutCancel(ctx), r.b.client, []string{rkey}, pending,
+		"d:"+fingerprint+":"+string(reply), IdempotencyTTL.Milliseconds()).Err()
+	if err != nil {
 		r.b.log.Warn("could not keep an idempotency reply", zap.Error(err))
 	}
 	settled = true
 	return reply, false, nil
+}
+
+// keepClaim renews the pending claim while the publish runs, which may take
+// longer than the claim's ttl (wait_replicas, retries): a claim that lapsed
+// meanwhile would let a retry publish a second time. The returned stop ends
+// the renewals.
+func (r *RedisIdempotency) keepClaim(ctx context.Context, rkey, pending string) (stop func()) {
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		tick := time.NewTicker(r.pendingTTL / 3)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				_ = renewIfPending.Run(context.WithoutCancel(ctx), r.b.client, []string{rkey}, pending, r.pendingTTL.Milliseconds()).Err()
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-finished
+	}
 }
 
 // lookup reads a key's state: the reply if it is done, ErrKeyReused if it
