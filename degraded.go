@@ -3,6 +3,7 @@ package caddysse
 import (
 	"context"
 	"encoding/json"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -37,7 +38,9 @@ func (s *stream) writeDegraded() error {
 
 // recover tries to leave the degraded state: it reports whether the stream
 // may write live events now. A failed attempt drops what was queued (it is
-// in the history the replay will read).
+// in the history the replay will read), but for the events that reached
+// only this instance (fallback local): no history has them, so they are
+// written now, as to every other stream.
 func (s *stream) recover(ctx context.Context) (bool, error) {
 	if s.h.hub.Available() {
 		sp, err := s.startingPoint(ctx, *s.idText)
@@ -48,7 +51,27 @@ func (s *stream) recover(ctx context.Context) (bool, error) {
 		}
 	}
 	batch, _ := s.take()
+	err := s.writeLocal(ctx, batch)
 	clear(batch)
 	s.resumeLive()
-	return false, nil
+	return false, err
+}
+
+// writeLocal writes and flushes the local-only events of batch.
+func (s *stream) writeLocal(ctx context.Context, batch []queued) error {
+	s.batchStartedMs = time.Now().UnixMilli()
+	wrote := false
+	for _, q := range batch {
+		if q.ev == nil || !q.ev.Local {
+			continue
+		}
+		if _, err := s.writeLive(ctx, q); err != nil {
+			return err
+		}
+		wrote = true
+	}
+	if !wrote {
+		return nil
+	}
+	return s.flush()
 }

@@ -393,3 +393,28 @@ func TestRedisAdminStatsCountPrincipalsAcrossInstances(t *testing.T) {
 		t.Fatalf("backend %q", got.Hubs[0].Backend)
 	}
 }
+
+// With fallback local, a stream that opened while Redis was down (degraded,
+// live-only) gets the events published meanwhile on this instance, as the
+// streams opened before the outage do: no history has them to replay later.
+func TestRedisDegradedStreamGetsLocalFallbackEvents(t *testing.T) {
+	rds := redistest.Start(t)
+	srv := startCaddy(t, redisSite(rds.URL(), "fallback local", "heartbeat 200ms"))
+	old := srv.subscribe("/events?channels=a", nil)
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
+	rds.Kill()
+	srv.publish("/events", map[string]any{"channel": "a", "data": "local 1"}) // this instance learns Redis is down
+	if ev := old.next(); ev.Data != "local 1" {
+		t.Fatalf("the stream opened before the outage got %+v", ev)
+	}
+	degraded := srv.subscribe("/events?channels=a", nil)
+	if ev := degraded.next(); ev.Type != "sse_degraded" {
+		t.Fatalf("got %+v", ev)
+	}
+	srv.publish("/events", map[string]any{"channel": "a", "data": "local 2"})
+	for name, c := range map[string]*sseClient{"old": old, "degraded": degraded} {
+		if ev := c.next(); ev.Data != "local 2" {
+			t.Fatalf("%s stream got %+v", name, ev)
+		}
+	}
+}
