@@ -226,6 +226,31 @@ func TestRedisIdempotencyClaimOutlivesASlowPublish(t *testing.T) {
 	}
 }
 
+// A retry that comes while Redis is unreachable (the first reply was lost,
+// then Redis went away) replays the first reply from this instance's
+// memory instead of publishing a second time on the local fallback.
+func TestRedisIdempotencyRetryDuringAnOutageReplays(t *testing.T) {
+	srv := redistest.Start(t)
+	b, err := NewRedis(RedisOptions{Addrs: []string{srv.Addr()}, DialTimeout: 200 * time.Millisecond, MaxRetries: -1}, func(string, *replay.Event) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	r := NewRedisIdempotency(b)
+	ctx := context.Background()
+	var runs atomic.Int32
+	publish := func() ([]byte, error) { return []byte(fmt.Sprintf(`{"run":%d}`, runs.Add(1))), nil }
+	first, _, err := r.Do(ctx, "k", "fp", publish)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Kill()
+	retry, replayed, err := r.Do(ctx, "k", "fp", publish)
+	if err != nil || !replayed || string(retry) != string(first) || runs.Load() != 1 {
+		t.Fatalf("retry during the outage: %s replayed %v %v; publishes %d, want the first reply %s and 1", retry, replayed, err, runs.Load(), first)
+	}
+}
+
 // A hub's throttles answer from memory once they have read the internal
 // channel's announcements: a throttle set on one instance reaches the
 // others through it (also after their pub/sub connections were killed), an

@@ -74,7 +74,7 @@ func (r *RedisIdempotency) Do(ctx context.Context, key, fingerprint string, publ
 			return nil, false, err
 		}
 		if claimed {
-			return r.publishClaimed(ctx, rkey, pending, fingerprint, publish)
+			return r.publishClaimed(ctx, key, rkey, pending, fingerprint, publish)
 		}
 		reply, done, err := r.lookup(ctx, rkey, fingerprint)
 		if err != nil || done {
@@ -88,7 +88,7 @@ func (r *RedisIdempotency) Do(ctx context.Context, key, fingerprint string, publ
 	}
 }
 
-func (r *RedisIdempotency) publishClaimed(ctx context.Context, rkey, pending, fingerprint string, publish func() ([]byte, error)) (reply []byte, replayed bool, err error) {
+func (r *RedisIdempotency) publishClaimed(ctx context.Context, key, rkey, pending, fingerprint string, publish func() ([]byte, error)) (reply []byte, replayed bool, err error) {
 	settled := false
 	defer func() {
 		if !settled { // failed or panicked: let a retry publish
@@ -106,6 +106,10 @@ func (r *RedisIdempotency) publishClaimed(ctx context.Context, rkey, pending, fi
 	if err != nil {
 		r.b.log.Warn("could not keep an idempotency reply", zap.Error(err))
 	}
+	// and in memory: a retry that comes while Redis is unreachable (the
+	// reply was lost, then Redis went away) replays it instead of
+	// publishing again on the local fallback
+	_, _, _ = r.local.Do(context.WithoutCancel(ctx), key, fingerprint, func() ([]byte, error) { return reply, nil })
 	settled = true
 	return reply, false, nil
 }
