@@ -137,6 +137,11 @@ func applyURL(opts *pubsub.RedisOptions, raw string) error {
 	if strings.TrimSpace(raw) == "" {
 		return errors.New("redis: the URL is empty (is its environment variable set?)")
 	}
+	if parsed, err := url.Parse(raw); err == nil && parsed.RawQuery != "" {
+		// go-redis reads options from the query (pool_size, timeouts, ...);
+		// they would be silently left out of the client this module makes
+		return errors.New("redis: options in the URL's query are not used: set them in the redis block (pool_size, dial_timeout, read_timeout, write_timeout, max_retries)")
+	}
 	u, err := redis.ParseURL(raw)
 	if err != nil {
 		// url.Error quotes the whole URL, password and all: keep only why

@@ -148,6 +148,7 @@ func TestRedisFallbackLocal(t *testing.T) {
 func TestRedisConfigErrors(t *testing.T) {
 	cases := []struct{ name, redis, want string }{
 		{"malformed url", "redis ftp://nope", "malformed URL"},
+		{"options in the url", "redis redis://127.0.0.1:6379/0?pool_size=7&read_timeout=9s", "query are not used"},
 		// a password with an unescaped %: the error must not show it
 		{"malformed url with a password", "redis redis://app:p%ssw0rd-SECRET@127.0.0.1:6379/0", "malformed URL"},
 		{"unset url variable", "redis {env.CADDY_SSE_TEST_UNSET_REDIS_URL}", "URL is empty"},
