@@ -43,8 +43,15 @@ start_caddy() { # name port admin
 say "starting instance A on :$A_PORT and instance B on :$B_PORT"
 start_caddy a "$A_PORT" "$A_ADMIN"
 start_caddy b "$B_PORT" "$B_ADMIN"
-for port in "$A_ADMIN" "$B_ADMIN"; do
-	for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/config/" >/dev/null && break; sleep 0.1; done
+# wait until both answer (a busy machine may need a while); say why if not
+for inst in "a $A_ADMIN $A_PORT" "b $B_ADMIN $B_PORT"; do
+	set -- $inst
+	up=
+	for _ in $(seq 600); do
+		if curl -sf "http://127.0.0.1:$2/config/" >/dev/null && curl -s -o /dev/null "http://127.0.0.1:$3/"; then up=1; break; fi
+		sleep 0.1
+	done
+	[ -n "$up" ] || { cat "$work/$1.log" >&2; fail "instance $1 did not start within 60 s"; }
 done
 redis-cli -p "$REDIS_PORT" ping >/dev/null || fail "redis did not start"
 
