@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/caddy-sse/caddy-sse/internal/clusterslot"
 	"github.com/caddy-sse/caddy-sse/replay"
 )
 
@@ -586,7 +587,7 @@ func (s *shard) slotBatches(keys []string) [][]string {
 	}
 	bySlot := map[uint16][]string{}
 	for _, key := range keys {
-		slot := keySlot(key)
+		slot := clusterslot.Of(key)
 		bySlot[slot] = append(bySlot[slot], key)
 	}
 	batches := make([][]string, 0, len(bySlot))

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-sse/caddy-sse/internal/clusterslot"
 	"github.com/caddy-sse/caddy-sse/internal/freeport"
 )
 
@@ -430,17 +431,4 @@ func (s *Server) WaitShardSubscribers(t testing.TB, channel string, n int) {
 
 // SlotOf is Redis Cluster's hash slot of a channel's keys: CRC-16/XMODEM
 // of the hash tag, which is the channel.
-func SlotOf(channel string) int {
-	var crc uint16
-	for i := 0; i < len(channel); i++ {
-		crc ^= uint16(channel[i]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return int(crc) % 16384
-}
+func SlotOf(channel string) int { return int(clusterslot.Of(channel)) }
