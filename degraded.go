@@ -3,7 +3,7 @@ package caddysse
 import (
 	"context"
 	"encoding/json"
-	"time"
+	"slices"
 
 	"go.uber.org/zap"
 
@@ -51,27 +51,9 @@ func (s *stream) recover(ctx context.Context) (bool, error) {
 		}
 	}
 	batch, _ := s.take()
-	err := s.writeLocal(ctx, batch)
-	clear(batch)
+	local := slices.DeleteFunc(batch, func(q queued) bool { return !q.ev.Local })
+	_, err := s.drainBatch(ctx, local, false)
+	clear(local)
 	s.resumeLive()
 	return false, err
-}
-
-// writeLocal writes and flushes the local-only events of batch.
-func (s *stream) writeLocal(ctx context.Context, batch []queued) error {
-	s.batchStartedMs = time.Now().UnixMilli()
-	wrote := false
-	for _, q := range batch {
-		if q.ev == nil || !q.ev.Local {
-			continue
-		}
-		if _, err := s.writeLive(ctx, q); err != nil {
-			return err
-		}
-		wrote = true
-	}
-	if !wrote {
-		return nil
-	}
-	return s.flush()
 }
