@@ -9,6 +9,7 @@ import (
 	"mime"
 	"mime/multipart"
 	"net/http"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -216,20 +217,8 @@ func hex4(raw []byte, at int) (int, bool) {
 	if at+4 > len(raw) {
 		return 0, false
 	}
-	n := 0
-	for _, c := range raw[at : at+4] {
-		switch {
-		case c >= '0' && c <= '9':
-			n = n<<4 | int(c-'0')
-		case c >= 'a' && c <= 'f':
-			n = n<<4 | int(c-'a'+10)
-		case c >= 'A' && c <= 'F':
-			n = n<<4 | int(c-'A'+10)
-		default:
-			return 0, false
-		}
-	}
-	return n, true
+	n, err := strconv.ParseUint(string(raw[at:at+4]), 16, 16)
+	return int(n), err == nil
 }
 
 func readFormPublish(r *http.Request, mediaType string, limit int64) (*publishRequest, *rejection) {
