@@ -42,6 +42,16 @@ type RedisConfig struct {
 	// Sentinel is the name of the master the Sentinels at Addresses watch.
 	Sentinel string `json:"sentinel,omitempty"`
 
+	// SentinelUsername is the ACL user the Sentinels themselves require,
+	// which may differ from the data nodes' Username. Placeholders are
+	// replaced at load.
+	SentinelUsername string `json:"sentinel_username,omitempty"`
+
+	// SentinelPassword is the password the Sentinels themselves require
+	// (their requirepass), e.g. {env.SENTINEL_PASSWORD}; Password is the
+	// data nodes'. Placeholders are replaced at load.
+	SentinelPassword string `json:"sentinel_password,omitempty"`
+
 	// Username for Redis ACLs. Placeholders are replaced at load.
 	Username string `json:"username,omitempty"`
 
@@ -116,6 +126,9 @@ func (c *RedisConfig) redisOptions(fallbackLocal bool) (pubsub.RedisOptions, err
 		FallbackLocal: fallbackLocal,
 		Username:      repl.ReplaceKnown(c.Username, ""),
 		Password:      repl.ReplaceKnown(c.Password, ""),
+
+		SentinelUsername: repl.ReplaceKnown(c.SentinelUsername, ""),
+		SentinelPassword: repl.ReplaceKnown(c.SentinelPassword, ""),
 	}
 	for _, a := range c.Addresses {
 		opts.Addrs = append(opts.Addrs, repl.ReplaceKnown(a, ""))
@@ -208,6 +221,9 @@ func validateRedisOptions(o pubsub.RedisOptions) error {
 			return fmt.Errorf("redis: address %q is not host:port", a)
 		}
 	}
+	if o.MasterName == "" && (o.SentinelUsername != "" || o.SentinelPassword != "") {
+		return errors.New("redis: sentinel_username and sentinel_password need sentinel <master-name>")
+	}
 	if o.MasterName == "" && (o.Cluster || len(o.Addrs) > 1) && o.DB != 0 {
 		return errors.New("redis: a cluster has only database 0")
 	}
@@ -274,6 +290,10 @@ func (c *RedisConfig) unmarshalSubdirective(d *caddyfile.Dispenser, name string)
 		return nil
 	case "sentinel":
 		return oneString(d, &c.Sentinel)
+	case "sentinel_username":
+		return oneString(d, &c.SentinelUsername)
+	case "sentinel_password":
+		return oneString(d, &c.SentinelPassword)
 	case "username":
 		return oneString(d, &c.Username)
 	case "password":

@@ -154,6 +154,7 @@ func TestRedisConfigErrors(t *testing.T) {
 		{"unset url variable", "redis {env.CADDY_SSE_TEST_UNSET_REDIS_URL}", "URL is empty"},
 		{"address without port", "redis {\n\t\t\taddresses localhost\n\t\t}", "not host:port"},
 		{"cluster with db", "redis {\n\t\t\taddresses 127.0.0.1:1 127.0.0.1:2\n\t\t\tdb 2\n\t\t}", "only database 0"},
+		{"sentinel password without sentinel", "redis {\n\t\t\taddresses 127.0.0.1:1\n\t\t\tsentinel_password x\n\t\t}", "need sentinel"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -288,6 +289,72 @@ func TestRedisFlushAllTruncatesOldCursors(t *testing.T) {
 	assertTruncatedEvent(t, c.next(), "a")
 	if got := c.nextData(2); fmt.Sprint(got) != "[new1 new2]" {
 		t.Fatalf("after the truncation: %v", got)
+	}
+}
+
+// Sentinels that require their own password (requirepass in
+// sentinel.conf), in front of data nodes with another one: with
+// sentinel_password the master is found and events flow, also after a
+// failover; without it, publishing fails loudly with 503.
+func TestRedisSentinelWithPasswords(t *testing.T) {
+	s := redistest.StartSentinelAuth(t, redistest.SentinelAuth{Data: "data-pw", Sentinel: "sentinel-pw"})
+	site := func(path, sentinelPassword string) string {
+		return `
+	sse ` + path + ` {
+		channel {query.channels}
+		redis {
+			addresses ` + s.Sentinel.Addr() + `
+			sentinel ` + s.Master + `
+			` + sentinelPassword + `
+			password data-pw
+			dial_timeout 300ms
+			read_timeout 1s
+			write_timeout 1s
+			check_interval 300ms
+			max_retries -1
+		}
+		publish {
+			secret ` + testSecret + `
+		}
+	}`
+	}
+	srv := startCaddy(t, ":{PORT} {"+site("/events", "sentinel_password sentinel-pw")+site("/nopass", "")+"\n}\n")
+
+	c := srv.subscribe("/events?channels=p", nil)
+	s.Primary.WaitShardSubscribers(t, "sse:{p}", 1)
+	srv.publish("/events", map[string]any{"channel": "p", "data": "one"})
+	first := c.next()
+	if first.Data != "one" {
+		t.Fatalf("got %+v", first)
+	}
+
+	status, body := srv.post("/nopass", "application/json", mustJSON(t, map[string]any{"channel": "q", "data": "x"}), nil)
+	if status != http.StatusServiceUnavailable || !strings.Contains(string(body), `"error"`) {
+		t.Fatalf("without the sentinel password: %d %s", status, body)
+	}
+
+	waitReplicaHas(t, s.Replica, "sse:{p}:s", "1")
+	s.Primary.Kill()
+	deadline := time.Now().Add(30 * time.Second)
+	for s.MasterPort(t) != s.Replica.Port {
+		if time.Now().After(deadline) {
+			t.Fatal("no failover")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for {
+		status, body := srv.post("/events", "application/json", mustJSON(t, map[string]any{"channel": "p", "data": "two"}), nil)
+		if status == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("publishing after the failover: %d %s", status, body)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	r := srv.subscribe("/events?channels=p", header("Last-Event-ID", first.ID))
+	if ev := r.next(); ev.Data != "two" {
+		t.Fatalf("after the failover: %+v", ev)
 	}
 }
 

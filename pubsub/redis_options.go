@@ -20,10 +20,14 @@ type RedisOptions struct {
 	Cluster bool
 	// MasterName is the Sentinel master name; Addrs are then Sentinels.
 	MasterName string
-	Username   string
-	Password   string
-	DB         int
-	TLS        *tls.Config
+	// SentinelUsername and SentinelPassword authenticate to the Sentinels,
+	// which may require other credentials than the data nodes.
+	SentinelUsername string
+	SentinelPassword string
+	Username         string
+	Password         string
+	DB               int
+	TLS              *tls.Config
 	// Prefix starts every key and shard channel ("sse:" if empty).
 	Prefix string
 	// WaitReplicas makes a publish wait until that many replicas have the
@@ -91,6 +95,7 @@ func (o *RedisOptions) newClient() (redis.UniversalClient, *redis.ClusterClient,
 	case o.MasterName != "":
 		return redis.NewFailoverClient(&redis.FailoverOptions{
 			MasterName: o.MasterName, SentinelAddrs: o.Addrs,
+			SentinelUsername: o.SentinelUsername, SentinelPassword: o.SentinelPassword,
 			Username: o.Username, Password: o.Password, DB: o.DB, TLSConfig: o.TLS,
 			PoolSize: o.PoolSize, DialTimeout: o.DialTimeout, ReadTimeout: o.ReadTimeout,
 			WriteTimeout: o.WriteTimeout, MaxRetries: o.MaxRetries,

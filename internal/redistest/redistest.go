@@ -48,9 +48,12 @@ type Server struct {
 	t    testing.TB
 	Port int
 	Dir  string
-	args []string
-	cmd  *exec.Cmd
-	log  *os.File
+	// Password is what CLI authenticates with: the --requirepass given to
+	// Start, or the sentinel's requirepass.
+	Password string
+	args     []string
+	cmd      *exec.Cmd
+	log      *os.File
 }
 
 // Addr is the server's host:port.
@@ -71,6 +74,11 @@ func Start(t testing.TB, extra ...string) *Server {
 		// a replica's first sync starts at once, not after the default 5 s
 		"--repl-diskless-sync-delay", "0",
 	}, extra...)
+	for i, arg := range extra {
+		if arg == "--requirepass" && i+1 < len(extra) {
+			s.Password = extra[i+1]
+		}
+	}
 	t.Cleanup(s.Stop)
 	// a port free a moment ago may be taken meanwhile by another test
 	// package running in parallel: try again with others
@@ -152,7 +160,7 @@ func (s *Server) Stop() { s.Kill() }
 
 // CLI runs redis-cli against the server and returns its output.
 func (s *Server) CLI(args ...string) (string, error) {
-	return CLI(s.Port, args...)
+	return cli(s.Port, s.Password, args...)
 }
 
 // MustCLI is CLI that fails the test on error or an error reply.
@@ -167,10 +175,20 @@ func (s *Server) MustCLI(args ...string) string {
 
 // CLI runs redis-cli against a port, with a time limit.
 func CLI(port int, args ...string) (string, error) {
+	return cli(port, "", args...)
+}
+
+func cli(port int, password string, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	full := append([]string{"-h", "127.0.0.1", "-p", strconv.Itoa(port)}, args...)
-	out, err := exec.CommandContext(ctx, "redis-cli", full...).CombinedOutput()
+	cmd := exec.CommandContext(ctx, "redis-cli", full...)
+	if password != "" {
+		// through the environment, not -a: redis-cli warns about -a on
+		// every call, and the warning would be part of the output
+		cmd.Env = append(os.Environ(), "REDISCLI_AUTH="+password)
+	}
+	out, err := cmd.CombinedOutput()
 	return strings.TrimSpace(string(out)), err
 }
 
@@ -349,8 +367,26 @@ type Sentinel struct {
 // over after a second of silence.
 func StartSentinel(t testing.TB) *Sentinel {
 	t.Helper()
-	primary := Start(t)
-	replica := Start(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port))
+	return StartSentinelAuth(t, SentinelAuth{})
+}
+
+// SentinelAuth are the passwords of a Sentinel set-up; empty is none.
+type SentinelAuth struct {
+	Data     string // requirepass of the primary and the replica
+	Sentinel string // requirepass of the sentinel itself
+}
+
+// StartSentinelAuth is StartSentinel with passwords.
+func StartSentinelAuth(t testing.TB, auth SentinelAuth) *Sentinel {
+	t.Helper()
+	var dataArgs []string
+	if auth.Data != "" {
+		// masterauth too: the replica syncs from the primary, and after a
+		// failover the old primary from the new one
+		dataArgs = []string{"--requirepass", auth.Data, "--masterauth", auth.Data}
+	}
+	primary := Start(t, dataArgs...)
+	replica := Start(t, append(dataArgs, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port))...)
 	s := &Sentinel{Primary: primary, Replica: replica, Master: "ssemaster"}
 	port := FreePort(t)
 	dir := t.TempDir()
@@ -358,10 +394,16 @@ func StartSentinel(t testing.TB) *Sentinel {
 	content := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor %s 127.0.0.1 %d 1\n"+
 		"sentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 3000\nsentinel parallel-syncs %s 1\n",
 		port, dir, s.Master, primary.Port, s.Master, s.Master, s.Master)
+	if auth.Data != "" {
+		content += fmt.Sprintf("sentinel auth-pass %s %s\n", s.Master, auth.Data)
+	}
+	if auth.Sentinel != "" {
+		content += fmt.Sprintf("requirepass %s\n", auth.Sentinel)
+	}
 	if err := os.WriteFile(conf, []byte(content), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	sentinel := &Server{t: t, Port: port, Dir: dir, args: []string{"--sentinel"}}
+	sentinel := &Server{t: t, Port: port, Dir: dir, Password: auth.Sentinel, args: []string{"--sentinel"}}
 	sentinel.startWithConfig(conf)
 	t.Cleanup(sentinel.Stop)
 	s.Sentinel = sentinel
