@@ -134,23 +134,56 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 }
 
 // valve passes a response body's reads until it is stalled, then holds
-// them back until it is resumed: a client that stops reading.
+// them back (but for what let allows) until it is resumed: a client that
+// stops reading.
 type valve struct {
 	io.ReadCloser
 	stalled atomic.Bool
+	allowed atomic.Int64  // bytes a stalled valve still lets through
+	more    chan struct{} // let was called
 	resumed chan struct{}
 	once    sync.Once
 }
 
 func (v *valve) Read(p []byte) (int, error) {
-	if v.stalled.Load() {
-		<-v.resumed
+	if !v.stalled.Load() {
+		return v.ReadCloser.Read(p)
 	}
-	return v.ReadCloser.Read(p)
+	for v.allowed.Load() <= 0 {
+		select {
+		case <-v.resumed:
+			return v.ReadCloser.Read(p)
+		case <-v.more:
+		}
+	}
+	if n := v.allowed.Load(); int64(len(p)) > n {
+		p = p[:n]
+	}
+	n, err := v.ReadCloser.Read(p)
+	v.allowed.Add(-int64(n))
+	return n, err
 }
 
 func (v *valve) stall()  { v.stalled.Store(true) }
 func (v *valve) resume() { v.once.Do(func() { close(v.resumed) }) }
+
+// let lets a stalled valve pass n more bytes, and waits until they have
+// been read.
+func (v *valve) let(t testing.TB, n int64) {
+	t.Helper()
+	v.allowed.Add(n)
+	select {
+	case v.more <- struct{}{}:
+	default:
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for v.allowed.Load() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the client could read only %d of %d bytes", n-v.allowed.Load(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
 
 // openValved opens a stream whose reads go through a valve, over client.
 func openValved(t testing.TB, url string, client *http.Client) (*sseClient, *valve) {
@@ -159,7 +192,7 @@ func openValved(t testing.TB, url string, client *http.Client) (*sseClient, *val
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("GET %s: %v", url, err)
 	}
-	v := &valve{ReadCloser: resp.Body, resumed: make(chan struct{})}
+	v := &valve{ReadCloser: resp.Body, resumed: make(chan struct{}), more: make(chan struct{}, 1)}
 	resp.Body = v
 	c := &sseClient{t: t, resp: resp, cancel: func() {},
 		events: make(chan sseEvent, 100000), comments: make(chan string, 100), done: make(chan struct{})}
@@ -363,15 +396,24 @@ func (s *testServer) publishConcurrently(data string, n, workers int) int {
 // timeout: a stop waits for every stream, and a write already blocked when
 // the close comes is hurried too. Its server_closing cannot reach that
 // client; a client that reads gets it (the reload and stop tests).
+//
+// Both ways a stream writes: from its queue, and catching up from the
+// history after its queue overflowed (the takeover writer does that on a
+// goroutine of the stream's own, with blocking writes).
 func TestCloseOfAStalledStreamIsBounded(t *testing.T) {
+	t.Run("from the queue", func(t *testing.T) { testCloseOfAStalledStream(t, "5000", "256MiB", false) })
+	t.Run("from the history", func(t *testing.T) { testCloseOfAStalledStream(t, "4", "64KiB", true) })
+}
+
+func testCloseOfAStalledStream(t *testing.T, queue, queueBytes string, catchUp bool) {
 	sites := `
 :{PORT} {
 	metrics /metrics
 	sse /events {
 		channel a
-		queue 5000
+		queue ` + queue + `
 		max_event_size 16KiB
-		queue_bytes 256MiB
+		queue_bytes ` + queueBytes + `
 		history 100000
 		history_bytes 512MiB
 		slow_client_timeout 10s
@@ -391,8 +433,16 @@ func TestCloseOfAStalledStreamIsBounded(t *testing.T) {
 		t.Fatalf("got %+v", ev)
 	}
 	tap.stall()
-	srv.publishConcurrently(strings.Repeat("x", 16000), 600, 4) // ~9.6 MB: more than the sockets hold
-	time.Sleep(500 * time.Millisecond)                          // the stream's write blocks on the full socket
+	if !catchUp {
+		srv.publishConcurrently(strings.Repeat("x", 16000), 600, 4) // ~9.6 MB: more than the sockets hold
+	} else {
+		// ~19 MB: the sockets fill and the queue overflows; the client then
+		// reads enough for the stream to start catching up from the
+		// history, and stalls again while that is still being written
+		srv.publishConcurrently(strings.Repeat("x", 16000), 1200, 4)
+		tap.let(t, 6<<20)
+	}
+	time.Sleep(500 * time.Millisecond) // the stream's write blocks on the full socket
 	began := time.Now()
 	srv.reload(sites) // the old config's streams are told to close
 	for metric(t, srv.scrape(), "caddy_sse_streams_open") != 0 {

@@ -678,9 +678,9 @@ func (l *pollLoop) lend(s *stream) streamWriter {
 	// takeReturned re-arms it, and a hang-up still there is reported then.
 	l.watch(tk, unix.EPOLLONESHOT)
 	if tk.bw == nil { // most cleartext streams never need it
-		var to sink = fdSink(tk.sock())
-		if tk.tls != nil {
-			to = connSink{tk.tls}
+		var to sink = connSink{tk.tls} // hurried by hurryConn, set on adoption
+		if tk.tls == nil {
+			to = newFDSink(s, tk.sock())
 		}
 		tk.bw = &connWriter{to: to, timeout: time.Duration(s.h.SlowClientTimeout)}
 	}
@@ -1012,13 +1012,43 @@ func (tk *tconn) blockedSince() int64 { return tk.blocked.Load() }
 
 // fdSink writes to a socket the event loop holds, waiting with poll(2)
 // while it is full.
-type fdSink int
+type fdSink struct {
+	fd int
+	// hurriedTo is the deadline (Unix ns) hurry gave every write, 0 until
+	// the stream is told to close.
+	hurriedTo atomic.Int64
+}
 
-func (fd fdSink) writeBy(p []byte, deadline time.Time) error { return writeFull(int(fd), p, deadline) }
+// newFDSink makes the sink of a cleartext stream's goroutines, which a
+// close hurries (the loop's own writes never block).
+func newFDSink(s *stream, fd int) *fdSink {
+	sink := &fdSink{fd: fd}
+	// set before looking at closing, which close sets before it hurries:
+	// a close at the same time is seen by one side or the other
+	s.setHurry(sink.hurry)
+	if s.closing.Load() != nil {
+		sink.hurry()
+	}
+	return sink
+}
+
+// hurry brings the deadline of writes in flight and to come down to
+// lastWordsTimeout from now.
+func (fs *fdSink) hurry() {
+	fs.hurriedTo.CompareAndSwap(0, time.Now().Add(lastWordsTimeout).UnixNano())
+}
+
+func (fs *fdSink) writeBy(p []byte, deadline time.Time) error {
+	return writeFull(fs.fd, p, deadline, &fs.hurriedTo)
+}
+
+// hurryCheck is how long a wait for a full socket may last before
+// writeFull looks whether it was hurried.
+const hurryCheck = 100 * time.Millisecond
 
 // writeFull writes all of p to a non-blocking socket, waiting with poll(2)
-// while it is full, until deadline.
-func writeFull(fd int, p []byte, deadline time.Time) error {
+// while it is full, until deadline or, once hurried, hurriedTo.
+func writeFull(fd int, p []byte, deadline time.Time, hurriedTo *atomic.Int64) error {
 	for len(p) > 0 {
 		n, err := unix.Write(fd, p)
 		if n > 0 {
@@ -1030,12 +1060,16 @@ func writeFull(fd int, p []byte, deadline time.Time) error {
 		case !errors.Is(err, unix.EAGAIN):
 			return err
 		}
+		if h := hurriedTo.Load(); h != 0 && h < deadline.UnixNano() {
+			deadline = time.Unix(0, h)
+		}
 		left := time.Until(deadline)
 		if left <= 0 {
 			return errSlowWrite
 		}
 		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
-		if _, err := unix.Poll(fds, int(left/time.Millisecond)+1); err != nil && !errors.Is(err, unix.EINTR) {
+		wait := min(left, hurryCheck)
+		if _, err := unix.Poll(fds, int(wait/time.Millisecond)+1); err != nil && !errors.Is(err, unix.EINTR) {
 			return err
 		}
 	}
