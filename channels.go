@@ -53,25 +53,112 @@ func (r *rejection) Error() string { return r.code + ": " + r.detail }
 func (h *Handler) resolveChannels(r *http.Request, repl *caddy.Replacer) ([]string, *rejection) {
 	var names []string
 	seen := make(map[string]struct{}, len(h.channelTemplates))
-	for _, tmpl := range h.channelTemplates {
-		value, ok := tmpl.resolve(r, repl)
-		if !ok || strings.TrimSpace(value) == "" {
-			return nil, &rejection{status: 403, code: "channel_unresolved", detail: fmt.Sprintf("template %q did not resolve", tmpl.raw)}
+	add := func(name string) *rejection {
+		name = strings.TrimSpace(name)
+		if err := validateChannelName(name); err != nil {
+			return &rejection{status: 400, code: "channel_invalid", detail: err.Error()}
 		}
-		for _, name := range strings.Split(value, ",") {
-			name = strings.TrimSpace(name)
-			if err := validateChannelName(name); err != nil {
-				return nil, &rejection{status: 400, code: "channel_invalid", detail: err.Error()}
-			}
-			if _, dup := seen[name]; dup {
-				continue
-			}
+		if _, dup := seen[name]; !dup {
 			seen[name] = struct{}{}
 			names = append(names, name)
+		}
+		return nil
+	}
+	for _, tmpl := range h.channelTemplates {
+		if rej := tmpl.channels(r, repl, add); rej != nil {
+			return nil, rej
 		}
 	}
 	if len(names) > h.MaxChannels {
 		return nil, &rejection{status: 400, code: "too_many_channels", detail: fmt.Sprintf("%d channels, at most %d", len(names), h.MaxChannels)}
 	}
 	return names, nil
+}
+
+// channels gives add the channel names a template resolves to. Commas in
+// the template's own text separate channels; a placeholder whose value is
+// a comma-separated list (or a repeated query parameter) names one channel
+// per item, each with the template's text around it: public:{query.topics}
+// with topics=a,b is public:a and public:b, never public:a and b — the
+// template's text is what confines a client to its channels. One
+// placeholder per channel may be a list.
+func (t template) channels(r *http.Request, repl *caddy.Replacer, add func(string) *rejection) *rejection {
+	unresolved := &rejection{status: 403, code: "channel_unresolved", detail: fmt.Sprintf("template %q did not resolve", t.raw)}
+	if t.parts == nil { // escaped or nested braces: the replacer's whole value
+		value, ok := t.resolve(r, repl)
+		if !ok || strings.TrimSpace(value) == "" {
+			return unresolved
+		}
+		for _, name := range strings.Split(value, ",") {
+			if rej := add(name); rej != nil {
+				return rej
+			}
+		}
+		return nil
+	}
+	var item channelItem
+	for _, p := range t.parts {
+		value, ok := p.resolve(r, repl)
+		switch {
+		case p.kind == partLiteral:
+			pieces := strings.Split(value, ",")
+			item.text(pieces[0])
+			for _, piece := range pieces[1:] {
+				if rej := item.emit(add); rej != nil {
+					return rej
+				}
+				item = channelItem{}
+				item.text(piece)
+			}
+		case !ok || strings.TrimSpace(value) == "":
+			return unresolved // a blank value names no channel: seed 002
+		case strings.Contains(value, ","):
+			if rej := item.list(t.raw, value); rej != nil {
+				return rej
+			}
+		default:
+			item.text(value)
+		}
+	}
+	return item.emit(add)
+}
+
+// channelItem is one comma-separated item of a channel template as it is
+// resolved: text, or text around a list placeholder's values.
+type channelItem struct {
+	before, after string
+	values        []string // nil: no list
+}
+
+func (c *channelItem) text(s string) {
+	if c.values == nil {
+		c.before += s
+	} else {
+		c.after += s
+	}
+}
+
+func (c *channelItem) list(raw, value string) *rejection {
+	if c.values != nil {
+		return &rejection{status: 400, code: "channel_invalid", detail: fmt.Sprintf("template %q: two placeholders of one channel are lists", raw)}
+	}
+	c.values = strings.Split(value, ",")
+	for i, v := range c.values {
+		if c.values[i] = strings.TrimSpace(v); c.values[i] == "" {
+			return &rejection{status: 400, code: "channel_invalid", detail: fmt.Sprintf("template %q: an empty item in the list %q", raw, value)}
+		}
+	}
+	return nil
+}
+
+func (c *channelItem) emit(add func(string) *rejection) *rejection {
+	if c.values == nil {
+		return add(c.before)
+	}
+	for _, v := range c.values {
+		if rej := add(c.before + v + c.after); rej != nil {
+			return rej
+		}
+	}
+	return nil
 }

@@ -9,21 +9,24 @@ import (
 )
 
 // template is a channel or principal template, compiled when the config
-// loads. The common ones — literal text with query and header placeholders,
-// like "user:{http.request.header.X-User}" or "{http.request.uri.query.channels}"
-// — are resolved directly from the request, the way Caddy's replacer resolves
-// those placeholders (several values joined with ","). Going through the
-// replacer costs a stream's start far more: its placeholder function is large
-// enough to grow the request goroutine's stack. Any other template uses the
-// replacer.
+// loads into literal text and placeholders. The common placeholders — query
+// and header values, like "user:{http.request.header.X-User}" or
+// "{http.request.uri.query.channels}" — are resolved directly from the
+// request, the way Caddy's replacer resolves them (several values joined
+// with ","). Going through the replacer costs a stream's start far more:
+// its placeholder function is large enough to grow the request goroutine's
+// stack. Any other placeholder goes to the replacer on its own, and a
+// template with escaped or nested braces to the replacer as a whole.
 type template struct {
 	raw   string
-	parts []templatePart // nil: use the replacer
+	parts []templatePart // nil: the whole template goes to the replacer
 }
 
 type templatePart struct {
-	kind  partKind
-	value string // the literal text, query key or canonical header field
+	kind partKind
+	// the literal text, query key, canonical header field, or (for the
+	// replacer) the whole placeholder with its braces
+	value string
 }
 
 type partKind uint8
@@ -32,6 +35,7 @@ const (
 	partLiteral partKind = iota
 	partQuery
 	partHeader
+	partReplacer
 )
 
 const (
@@ -71,8 +75,10 @@ func compileTemplate(raw string) template {
 			parts = append(parts, templatePart{kind: partQuery, value: name[len(queryPrefix):]})
 		case strings.HasPrefix(name, headerPrefix) && len(name) > len(headerPrefix) && !strings.ContainsAny(name, "{:"):
 			parts = append(parts, templatePart{kind: partHeader, value: textproto.CanonicalMIMEHeaderKey(name[len(headerPrefix):])})
-		default:
-			return t // any other placeholder (or a default value): the replacer
+		case strings.ContainsAny(name, "{"):
+			return t // nested braces: the replacer, on the whole template
+		default: // any other placeholder (or one with a default value)
+			parts = append(parts, templatePart{kind: partReplacer, value: rest[open : open+end+1]})
 		}
 		rest = rest[open+end+1:]
 	}
@@ -93,20 +99,31 @@ func (t template) resolve(r *http.Request, repl *caddy.Replacer) (string, bool) 
 	}
 	var b strings.Builder
 	for _, p := range t.parts {
-		var v string
-		switch p.kind {
-		case partLiteral:
-			b.WriteString(p.value)
-			continue
-		case partQuery:
-			v = queryValues(r.URL, p.value)
-		case partHeader:
-			v = strings.Join(r.Header[p.value], ",")
-		}
-		if v == "" {
+		v, ok := p.resolve(r, repl)
+		if !ok {
 			return "", false
 		}
 		b.WriteString(v)
 	}
 	return b.String(), true
+}
+
+// resolve returns the part's value; ok is false for an unknown or empty
+// placeholder.
+func (p templatePart) resolve(r *http.Request, repl *caddy.Replacer) (string, bool) {
+	var v string
+	switch p.kind {
+	case partLiteral:
+		return p.value, true
+	case partQuery:
+		v = queryValues(r.URL, p.value)
+	case partHeader:
+		v = strings.Join(r.Header[p.value], ",")
+	case partReplacer:
+		var err error
+		if v, err = repl.ReplaceOrErr(p.value, true, true); err != nil {
+			return "", false
+		}
+	}
+	return v, v != ""
 }
