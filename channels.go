@@ -15,8 +15,10 @@ import (
 const MaxChannelNameLen = 200
 
 // validateChannelName checks a channel name: 1 to 200 bytes of UTF-8, no
-// control characters, and none of "{", "}" (they delimit Redis hash tags)
-// or "," (it separates the channels of a template).
+// control characters, none of "{", "}" (they delimit Redis hash tags) or
+// "," (it separates the channels of a template), and no white space at
+// either end (subscribe trims what templates resolve to: a publish to
+// "a " would reach no stream).
 func validateChannelName(name string) error {
 	switch {
 	case name == "":
@@ -25,6 +27,8 @@ func validateChannelName(name string) error {
 		return fmt.Errorf("channel name longer than %d bytes", MaxChannelNameLen)
 	case !utf8.ValidString(name):
 		return errors.New("channel name is not valid UTF-8")
+	case strings.TrimSpace(name) != name:
+		return errors.New("channel name starts or ends with white space")
 	}
 	for _, r := range name {
 		switch {

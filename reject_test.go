@@ -174,6 +174,8 @@ func TestPublishRejections(t *testing.T) {
 		{"no channel", jsonHdr, `{"data":"x"}`, 400, "channel_missing"},
 		{"channel not a string", jsonHdr, `{"channel":5}`, 400, "channel_invalid"},
 		{"invalid channel", jsonHdr, `{"channel":"a,b"}`, 400, "channel_invalid"},
+		{"channel with white space around it", jsonHdr, `{"channel":"a "}`, 400, "channel_invalid"},
+		{"channel with white space before it", jsonHdr, `{"channel":["b","\u00a0a"]}`, 400, "channel_invalid"},
 		{"too many channels", jsonHdr, `{"channel":["a","b","c"]}`, 400, "too_many_channels"},
 		{"reserved event type", jsonHdr, `{"channel":"a","event":"server_closing"}`, 400, "event_reserved"},
 		{"event type with newline", jsonHdr, `{"channel":"a","event":"x\ny"}`, 400, "event_invalid"},
