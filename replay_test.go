@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+
+	"github.com/caddy-sse/caddy-sse/replay"
 )
 
 const replaySite = `
@@ -237,5 +239,34 @@ func assertTruncatedEvent(t *testing.T, ev sseEvent, channels ...string) {
 	}
 	if ev.ID != "" {
 		t.Fatalf("sse_truncated must not carry an id, got %q", ev.ID)
+	}
+}
+
+// A multi-channel cursor whose channel b is truncated with nothing left to
+// replay (its history is gone) while channel a replays: the ids written
+// during the replay carry b's head, not its old unusable position, so a
+// client that reconnects with the last replayed id is not told b is
+// truncated a second time.
+func TestTruncatedChannelIsAtItsHeadInTheReplaysIDs(t *testing.T) {
+	srv := startCaddy(t, replaySite)
+	ids := srv.publishN("a", "a", 1, 3)
+	posA := seqOf(t, ids[1])
+	stale := replay.Position{Epoch: posA.Epoch ^ 0x5a5a, Seq: 7, Time: posA.Time}
+	cursor := replay.EncodeCursor(
+		replay.ChannelPosition{Hash: replay.HashChannel("a"), Pos: posA},
+		replay.ChannelPosition{Hash: replay.HashChannel("b"), Pos: stale})
+	c := srv.subscribe("/events?channels=a,b", header("Last-Event-ID", cursor))
+	assertTruncatedEvent(t, c.next(), "b")
+	c.next() // a2
+	a3 := c.next()
+	if a3.Data != "a3" {
+		t.Fatalf("got %+v, want a3", a3)
+	}
+	c.close()
+	// nothing was published since: the client has missed nothing
+	r := srv.subscribe("/events?channels=a,b", header("Last-Event-ID", a3.ID))
+	if tr := r.resp.Header.Get("X-Replay-Truncated"); tr != "" {
+		t.Fatalf("b reported truncated again (X-Replay-Truncated: %s) on a reconnect with the id of the last event, "+
+			"though the client was told already and nothing was published to b", tr)
 	}
 }

@@ -218,10 +218,13 @@ func (s *stream) startingPoint(ctx context.Context, idText string) (startingPoin
 			return sp, err
 		}
 		sp.pages[slot] = page
-		if named {
+		s.cursor[slot].Pos = page.Head
+		if named && !(page.Truncated && len(page.Events) == 0) {
+			// the replay moves it on. A channel truncated with nothing left
+			// to replay is at its head at once, so that the ids of the other
+			// channels' replay do not carry its unusable old position (the
+			// client would be told truncated again)
 			s.cursor[slot].Pos = after
-		} else {
-			s.cursor[slot].Pos = page.Head
 		}
 		if page.Truncated || garbage {
 			sp.truncated = append(sp.truncated, s.names[slot])
@@ -285,13 +288,6 @@ func (s *stream) writeStart(sp startingPoint) error {
 			return nil // run tells the client at once
 		}
 		return err
-	}
-	for slot, page := range sp.pages {
-		// a channel truncated with nothing left to replay continues from
-		// its head, so that its next live event follows without a gap
-		if page.Truncated && len(page.Events) == 0 {
-			s.cursor[slot].Pos = page.Head
-		}
 	}
 	return s.flush()
 }
