@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -185,6 +186,31 @@ func TestRedisConfigErrors(t *testing.T) {
 			t.Fatalf("error %v", err)
 		}
 	})
+}
+
+// A stream that opened degraded costs nothing while Redis stays down: it
+// waits for the registry's ticker, in every writer (the takeover writer
+// once serviced it over and over, a core's worth of CPU per stream).
+func TestDegradedStreamIdlesWhileRedisIsDown(t *testing.T) {
+	port := redistest.FreePort(t) // nothing listens there
+	srv := startCaddy(t, redisSite(fmt.Sprintf("redis://127.0.0.1:%d", port), "heartbeat 1m"))
+	c := srv.subscribe("/events?channels=a", nil)
+	if ev := c.next(); ev.Type != "sse_degraded" {
+		t.Fatalf("got %+v", ev)
+	}
+	before := processCPU()
+	time.Sleep(time.Second)
+	// idle is a few ms; the spin was the whole second
+	if used := processCPU() - before; used > 300*time.Millisecond {
+		t.Fatalf("the process used %v of CPU in a second with one degraded stream and nothing to do", used)
+	}
+}
+
+// processCPU is the CPU time this process has used.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // Caddy starts while Redis is down: provisioning never touches the network.

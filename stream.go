@@ -189,6 +189,13 @@ func (s *stream) take() ([]queued, bool) {
 	return batch, s.overflow
 }
 
+// hasQueued reports whether live events wait in the queue.
+func (s *stream) hasQueued() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.pending) > 0
+}
+
 // resumeLive makes the stream take live events again after an overflow.
 // Called before reading the history, so that events published meanwhile are
 // either in what is read or in the queue (or both: duplicates are skipped).

@@ -761,7 +761,13 @@ func (l *pollLoop) takeReturned() {
 			continue
 		}
 		l.watch(tk, unix.EPOLLIN|unix.EPOLLRDHUP)
-		l.schedule(r.s)
+		if !r.s.degraded.Load() || r.s.hasQueued() {
+			// a degraded stream with nothing queued waits for the registry's
+			// ticker (it pokes it once the backend answers, and when a
+			// heartbeat is due) or a close: serviced at once, it would be
+			// lent to a goroutine again and again while the backend is down
+			l.schedule(r.s)
+		}
 	}
 }
 
