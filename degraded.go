@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"slices"
+	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/caddy-sse/caddy-sse/replay"
 	"github.com/caddy-sse/caddy-sse/wire"
 )
 
@@ -45,6 +47,9 @@ func (s *stream) recover(ctx context.Context) (bool, error) {
 	if s.h.hub.Available() {
 		sp, err := s.startingPoint(ctx, *s.idText)
 		if err == nil {
+			err = s.addSinceOpened(ctx, sp)
+		}
+		if err == nil {
 			s.degraded.Store(false)
 			s.h.metrics.replay(*s.idText != "", len(sp.truncated) > 0)
 			return true, s.writeStart(sp)
@@ -56,4 +61,38 @@ func (s *stream) recover(ctx context.Context) (bool, error) {
 	clear(local)
 	s.resumeLive()
 	return false, err
+}
+
+// openedSlack is how much earlier than the stream's start an event may
+// have been published and still be written to a degraded stream's live
+// channels: the backend's clock (which dates events) may be behind ours.
+const openedSlack = 5 * time.Second
+
+// addSinceOpened gives the starting point's live channels (those the
+// client's cursor does not name) the events published since the stream
+// opened. A stream that opens with its history reads each channel's head
+// then, and writes what follows; a degraded one reads it only now, and the
+// events published between the backend's return and this read (before this
+// instance was subscribed again, some of them) would be behind it. Events
+// from a little before it opened may be among them: its client, which holds
+// no position there, is better off with those than without the others.
+func (s *stream) addSinceOpened(ctx context.Context, sp startingPoint) error {
+	since := time.Unix(0, s.began).Add(-openedSlack).UnixMilli()
+	for slot := range s.keys {
+		if !s.fresh.has(slot) || sp.pages[slot].Head.IsZero() {
+			continue
+		}
+		page, err := s.h.hub.Read(ctx, s.keys[slot], &replay.Position{}, s.h.ReplayLimit)
+		if err != nil {
+			return err
+		}
+		events := page.Events
+		for len(events) > 0 && events[0].Pos.Time < since {
+			events = events[1:]
+		}
+		if len(events) > 0 && events[len(events)-1].Pos.Epoch == sp.pages[slot].Head.Epoch {
+			sp.pages[slot].Events = events
+		}
+	}
+	return nil
 }

@@ -58,6 +58,10 @@ type stream struct {
 	names  []string // channels as the client names them
 	keys   []string // channels as the hub names them (namespaced)
 	cursor []replay.ChannelPosition
+	// fresh marks the slots that started at their channel's head (the
+	// client's cursor did not name them) and have written nothing yet: see
+	// writeFresh.
+	fresh slotBits
 	// ids and buf format what the stream writes; an event loop lends a
 	// taken-over stream its own while it writes it (lendScratch), so that
 	// idle streams keep neither.
@@ -108,6 +112,7 @@ func newStream(h *Handler, names []string) *stream {
 		names:  names,
 		keys:   names, // the same without a namespace: one slice less per stream
 		cursor: make([]replay.ChannelPosition, len(names)),
+		fresh:  newSlotBits(len(names)),
 	}
 	if h.Namespace != "" {
 		s.keys = make([]string, len(names))
@@ -362,6 +367,13 @@ func (s *stream) writeLive(ctx context.Context, q queued) (bool, error) {
 		// that includes it truncated later
 		return true, s.writeLiveEvent(q)
 	}
+	if s.fresh.has(q.slot) {
+		wrote, err, done := s.writeFresh(q, at)
+		if done {
+			return wrote, err
+		}
+		at = s.cursor[q.slot].Pos
+	}
 	if at.Contradicts(q.ev.Pos) {
 		// a failover lost events this stream wrote, and their seqs went to
 		// new events: end, so that the reconnect is told it was truncated
@@ -388,6 +400,36 @@ func (s *stream) writeLive(ctx context.Context, q queued) (bool, error) {
 		return true, s.writeLiveEvent(q)
 	default:
 		return wrote, errHistoryGap
+	}
+}
+
+// writeFresh writes a live event of a slot that started at its channel's
+// head and has written nothing yet, if the usual rules would drop it or end
+// the stream (done is false otherwise). Every event delivered to the slot
+// came after the stream subscribed, so it is the stream's even if the head
+// read when it started counts it already: the head is read after
+// subscribing, and a degraded stream reads it only once the backend is
+// back, with what it was delivered meanwhile queued. And a new epoch (the
+// history was lost after the head was read: a flush, an eviction) starts
+// the slot over from the epoch's first event instead of ending the stream,
+// since its client holds no position there that could be truncated.
+func (s *stream) writeFresh(q queued, at replay.Position) (wrote bool, err error, done bool) {
+	pos := q.ev.Pos
+	switch {
+	case at.IsZero():
+		return false, nil, false
+	case pos.Epoch == at.Epoch:
+		if pos.Seq <= at.Seq {
+			return true, s.writeLiveEvent(q), true
+		}
+		return false, nil, false
+	case pos.Seq == 1:
+		return true, s.writeLiveEvent(q), true
+	case !s.out.MayBlock():
+		return false, errNeedsHistory, true
+	default:
+		s.cursor[q.slot].Pos = replay.Position{} // repair reads the epoch from its start
+		return false, nil, false
 	}
 }
 
@@ -425,6 +467,7 @@ func (s *stream) writeEvent(slot int, ev *replay.Event) error {
 		return errClosing
 	}
 	s.cursor[slot].Pos = ev.Pos
+	s.fresh.clear(slot)
 	if s.ids == nil {
 		s.ids = new(replay.CursorEncoder)
 	}
@@ -452,3 +495,14 @@ func (s *stream) writeClosing(n *closeNotice) error {
 	// is not waited for (a stop waits for every stream)
 	return s.out.WriteLast(s.buf)
 }
+
+// slotBits holds a bit per slot of a stream.
+type slotBits []uint64
+
+func newSlotBits(n int) slotBits { return make(slotBits, (n+63)/64) }
+
+func (b slotBits) has(slot int) bool { return b[slot/64]&(1<<(slot%64)) != 0 }
+
+func (b slotBits) set(slot int) { b[slot/64] |= 1 << (slot % 64) }
+
+func (b slotBits) clear(slot int) { b[slot/64] &^= 1 << (slot % 64) }

@@ -133,7 +133,9 @@ func (s *stream) begin(replay bool, start startingPoint) {
 	h.streams.add(s)
 	h.metrics.streamOpened()
 	s.begun = true
-	h.metrics.replay(replay, len(start.truncated) > 0)
+	if !s.degraded.Load() { // a degraded stream's replay is counted when it recovers
+		h.metrics.replay(replay, len(start.truncated) > 0)
+	}
 	h.logger.Debug("stream opened",
 		zap.Strings("channels", s.names),
 		zap.String("principal", s.who.principal),
@@ -219,6 +221,10 @@ func (s *stream) startingPoint(ctx context.Context, idText string) (startingPoin
 		}
 		sp.pages[slot] = page
 		s.cursor[slot].Pos = page.Head
+		s.fresh.clear(slot)
+		if !named {
+			s.fresh.set(slot)
+		}
 		if named && !(page.Truncated && len(page.Events) == 0) {
 			// the replay moves it on. A channel truncated with nothing left
 			// to replay is at its head at once, so that the ids of the other
