@@ -15,8 +15,9 @@ import (
 // A stream opened while its backend (Redis) cannot be reached is degraded
 // (SPEC S9): it opens live-only with one sse_degraded event, and as soon as
 // the backend answers again it reads its starting point as a stream that
-// just opened would — the replay after the client's cursor, or the heads —
-// and writes it, then continues live. Until then it writes nothing but
+// just opened would — the replay after the client's cursor, or the heads
+// with what was published since it opened (addSinceOpened) — and writes
+// it, then continues live. Until then it writes nothing but
 // heartbeats: without the history it cannot know where its channels are.
 
 // degrade marks the stream degraded, keeping the client's cursor for the
