@@ -68,10 +68,21 @@ func (h *Handler) resolveChannels(r *http.Request, repl *caddy.Replacer) ([]stri
 		}
 		return nil
 	}
+	// an unresolved template (403) is told before an invalid name (400),
+	// whichever template comes first, as SPEC S2 orders them
+	var invalid *rejection
 	for _, tmpl := range h.channelTemplates {
-		if rej := tmpl.channels(r, repl, add); rej != nil {
+		rej := tmpl.channels(r, repl, add)
+		switch {
+		case rej == nil:
+		case rej.status == http.StatusForbidden:
 			return nil, rej
+		case invalid == nil:
+			invalid = rej
 		}
+	}
+	if invalid != nil {
+		return nil, invalid
 	}
 	if len(names) > h.MaxChannels {
 		return nil, &rejection{status: 400, code: "too_many_channels", detail: fmt.Sprintf("%d channels, at most %d", len(names), h.MaxChannels)}
