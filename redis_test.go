@@ -512,3 +512,32 @@ func TestRedisDegradedStreamGetsLocalFallbackEvents(t *testing.T) {
 		}
 	}
 }
+
+// Seed 001: "On indexer event, publish to Redis channel stream:{streamId}
+// and user:{address}" -- the backend publishes straight into Redis (README:
+// "Caddy loads it on every primary it talks to"), Caddy only holds the
+// streams (no publish through Caddy first).
+func TestDirectRedisPublishReachesStreamsWithoutAPublishThroughCaddy(t *testing.T) {
+	rds := redistest.Start(t)
+	srv := startCaddy(t, redisSite(rds.URL()))
+	c := srv.subscribe("/events?channels=stream:42,user:GABC", nil)
+	c.comment("ok")
+	rds.WaitShardSubscribers(t, "sse:{stream:42}", 1)
+	rds.WaitShardSubscribers(t, "sse:{user:GABC}", 1)
+	var out string
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		out, _ = rds.CLI("FCALL", "sse_publish_v1", "1", "sse:{stream:42}", "status", `{"s":"paid"}`)
+		if !strings.Contains(out, "ERR") || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if strings.Contains(out, "ERR") {
+		t.Fatalf("direct publish with a subscriber open: %s", out)
+	}
+	rds.MustCLI("FCALL", "sse_publish_v1", "1", "sse:{user:GABC}", "balance", `{"b":1}`)
+	if got := c.nextData(2); fmt.Sprint(got) != `[{"s":"paid"} {"b":1}]` {
+		t.Fatalf("got %v", got)
+	}
+}

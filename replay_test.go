@@ -270,3 +270,27 @@ func TestTruncatedChannelIsAtItsHeadInTheReplaysIDs(t *testing.T) {
 			"though the client was told already and nothing was published to b", tr)
 	}
 }
+
+// Seed 003: "Ingest 1100 events while disconnected, reconnect, assert replay
+// is capped at 1000 and X-Replay-Truncated: true is set" -- with the
+// defaults (history 1000, replay_limit 1000).
+func TestReplayIsCappedAtTheDefaultLimit(t *testing.T) {
+	srv := startCaddy(t, basicSite)
+	first := srv.publish("/events", map[string]any{"channel": "w", "data": "e0"})["w"]
+	for i := 1; i <= 1100; i++ {
+		srv.publish("/events", map[string]any{"channel": "w", "data": fmt.Sprintf("e%d", i)})
+	}
+	c := srv.subscribe("/events?channels=w", header("Last-Event-ID", first))
+	if c.resp.Header.Get("X-Replay-Truncated") != "true" {
+		t.Fatal("missing X-Replay-Truncated: true")
+	}
+	assertTruncatedEvent(t, c.next(), "w")
+	got := c.nextData(1000)
+	if got[0] != "e101" || got[999] != "e1100" {
+		t.Fatalf("replay from %s to %s, want e101..e1100", got[0], got[999])
+	}
+	srv.publish("/events", map[string]any{"channel": "w", "data": "live"})
+	if ev := c.next(); ev.Data != "live" {
+		t.Fatalf("after the replay: %+v, want live", ev)
+	}
+}
