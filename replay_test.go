@@ -7,7 +7,9 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/caddy-sse/caddy-sse/pubsub"
 	"github.com/caddy-sse/caddy-sse/replay"
 )
 
@@ -86,6 +88,65 @@ func TestTruncatedReplayWhenHistoryDropped(t *testing.T) {
 	assertTruncatedEvent(t, c.next(), "a")
 	if got := c.nextData(5); fmt.Sprint(got) != "[e56 e57 e58 e59 e60]" {
 		t.Fatalf("replay = %v", got)
+	}
+}
+
+// sweepEmbeddedHistory runs the embedded hub's history sweep now, as it
+// does once a minute.
+func sweepEmbeddedHistory(t *testing.T) {
+	t.Helper()
+	swept := false
+	hubs.Range(func(key, value any) bool {
+		if key == embeddedHubKey {
+			value.(pooledHub).Broker().(*pubsub.Memory).Sweep()
+			swept = true
+		}
+		return !swept
+	})
+	if !swept {
+		t.Fatal("no embedded hub")
+	}
+}
+
+// A stream open on a channel that stays quiet for longer than twice the
+// history's max age: the sweep must not forget the channel (its head and
+// epoch) while the stream is subscribed, or the next publish starts a new
+// epoch and the stream, which missed nothing, is ended as if it had a gap.
+func TestQuietChannelDoesNotEndOpenStreams(t *testing.T) {
+	srv := startCaddy(t, `
+:{PORT} {
+	sse /events {
+		channel quiet
+		history 100 10ms
+		heartbeat 5s
+		publish {
+			secret `+testSecret+`
+		}
+	}
+}
+`)
+	c := srv.subscribe("/events", nil)
+	srv.publish("/events", map[string]any{"channel": "quiet", "data": "e1"})
+	ev := c.next()
+	if ev.Data != "e1" {
+		t.Fatalf("got %+v", ev)
+	}
+	id1 := ev.ID
+	time.Sleep(50 * time.Millisecond) // e1 expired, the channel empty for 2*max age
+	sweepEmbeddedHistory(t)
+	srv.publish("/events", map[string]any{"channel": "quiet", "data": "e2"})
+	select {
+	case ev, ok := <-c.events:
+		if !ok {
+			r := srv.subscribe("/events", header("Last-Event-ID", id1))
+			t.Fatalf("the open stream was ended by the first publish after a quiet spell, though it missed nothing; "+
+				"its reconnect with e1's id gets X-Replay-Truncated: %q", r.resp.Header.Get("X-Replay-Truncated"))
+		}
+		if ev.Data != "e2" {
+			t.Fatalf("got %+v, want e2", ev)
+		}
+	case <-time.After(waitFor):
+		t.Fatal("no event")
 	}
 }
 

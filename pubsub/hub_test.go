@@ -401,6 +401,44 @@ func TestMemoryBrokerLogHoldsPublishedEvents(t *testing.T) {
 	}
 }
 
+// The sweep of the embedded broker never forgets a quiet channel that the
+// hub has subscribers on: its next event would start a new epoch, and
+// every open stream on it would be ended as if it had missed events. Once
+// the last subscriber has left, it is freed as before.
+func TestMemoryBrokerSweepKeepsChannelsWithSubscribers(t *testing.T) {
+	h := newTestHub(t)
+	mem := h.Broker().(*Memory)
+	lim := replay.Limits{MaxAge: time.Millisecond}
+	pub := func(channel string) replay.Position {
+		t.Helper()
+		pos, err := h.Publish(context.Background(), channel, Message{Data: []byte("x")}, lim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pos
+	}
+	rec := newRecorder()
+	sub := h.Subscribe(rec, []string{"watched"})
+	first := pub("watched")
+	pub("idle")
+	time.Sleep(20 * time.Millisecond) // both empty for far longer than 2*max age
+	mem.Sweep()
+	if channels, _, _ := mem.Log().Stats(); channels != 1 {
+		t.Fatalf("%d channels after the sweep, want only the watched one", channels)
+	}
+	if next := pub("watched"); !first.Follows(next) {
+		t.Fatalf("the watched channel's next event %+v does not follow %+v: a new history", next, first)
+	}
+	rec.waitFor(t, 2)
+
+	sub.Close()
+	time.Sleep(20 * time.Millisecond)
+	mem.Sweep() // last seen watched by the previous sweep, 2*max age ago
+	if channels, _, _ := mem.Log().Stats(); channels != 0 {
+		t.Fatalf("%d channels after the last subscriber left, want 0", channels)
+	}
+}
+
 // stubBroker observes what the hub asks of its broker. It delivers its
 // publishes itself, one at a time, like a broker receiving them from Redis.
 type stubBroker struct {

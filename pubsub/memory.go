@@ -19,6 +19,9 @@ type Memory struct {
 	log     *replay.Memory
 	deliver DeliverFunc
 
+	watchMu sync.Mutex
+	watched map[string]struct{} // channels with subscribers on the hub
+
 	sweepOnce sync.Once
 	stop      chan struct{}
 	stopOnce  sync.Once
@@ -26,7 +29,7 @@ type Memory struct {
 
 // NewMemory returns an embedded broker that hands every event to deliver.
 func NewMemory(deliver DeliverFunc) *Memory {
-	return &Memory{log: replay.NewMemory(), deliver: deliver, stop: make(chan struct{})}
+	return &Memory{log: replay.NewMemory(), deliver: deliver, watched: make(map[string]struct{}), stop: make(chan struct{})}
 }
 
 // Publish encodes msg once, appends it to the channel's ring and delivers it
@@ -53,11 +56,32 @@ func (m *Memory) Read(_ context.Context, channel string, after *replay.Position,
 	return m.log.Read(channel, after, limit), nil
 }
 
-// Watch does nothing: every event is delivered to the hub already.
-func (m *Memory) Watch(string) {}
+// Watch notes that the hub has subscribers on channel (every event is
+// delivered to the hub already): the sweep keeps its history's head, so
+// that its next event follows their position however quiet it stays.
+func (m *Memory) Watch(channel string) {
+	m.watchMu.Lock()
+	m.watched[channel] = struct{}{}
+	m.watchMu.Unlock()
+}
 
-// Unwatch does nothing.
-func (m *Memory) Unwatch(string) {}
+// Unwatch notes that the hub has no subscriber left on channel.
+func (m *Memory) Unwatch(channel string) {
+	m.watchMu.Lock()
+	delete(m.watched, channel)
+	m.watchMu.Unlock()
+}
+
+func (m *Memory) isWatched(channel string) bool {
+	m.watchMu.Lock()
+	defer m.watchMu.Unlock()
+	_, ok := m.watched[channel]
+	return ok
+}
+
+// Sweep frees the expired history now, as the broker does every minute:
+// old events, and quiet channels that no subscriber of the hub watches.
+func (m *Memory) Sweep() { m.log.Sweep(m.isWatched) }
 
 // Close stops the sweeper.
 func (m *Memory) Close() error {
@@ -74,7 +98,7 @@ func (m *Memory) sweep() {
 	for {
 		select {
 		case <-t.C:
-			m.log.Sweep()
+			m.Sweep()
 		case <-m.stop:
 			return
 		}

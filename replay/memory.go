@@ -31,7 +31,10 @@ type ring struct {
 	start  int
 	bytes  int64
 	maxAge time.Duration
-	dead   bool // dropped by Sweep; see lockedRing
+	// watched is when a sweep last found streams subscribed to the
+	// channel (Unix ms): it is kept as long as after its last event.
+	watched int64
+	dead    bool // dropped by Sweep; see lockedRing
 }
 
 func (r *ring) Len() int        { return len(r.events) - r.start }
@@ -159,8 +162,12 @@ func (m *Memory) Read(channel string, after *Position, limit int) Page {
 
 // Sweep frees what has expired: old events of every channel, and channels
 // that have kept no event for longer than their max age. The hub calls it
-// periodically so that quiet channels do not hold memory.
-func (m *Memory) Sweep() {
+// periodically so that quiet channels do not hold memory. A channel that
+// watched reports streams are subscribed to is never forgotten, however
+// quiet: its next event must follow their position, in the same epoch.
+// watched may be nil (no channel is watched); it is called with the log's
+// locks held and must not call back into it.
+func (m *Memory) Sweep(watched func(channel string) bool) {
 	now := m.now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -168,7 +175,9 @@ func (m *Memory) Sweep() {
 		r.mu.Lock()
 		r.expire(now)
 		r.trim(Limits{Count: r.Len()}, now) // compacts
-		if r.empty() && r.forgettable(now) {
+		if watched != nil && watched(name) {
+			r.watched = now.UnixMilli()
+		} else if r.empty() && r.forgettable(now) {
 			r.dead = true
 			delete(m.channels, name)
 		}
@@ -177,15 +186,15 @@ func (m *Memory) Sweep() {
 }
 
 // forgettable reports whether an empty channel's head can be dropped. It is
-// kept for one more max age after its last event, so that streams and
-// cursors of a quiet channel keep their epoch (a new epoch would tell them
-// their history was lost).
+// kept for one more max age after its last event, or after a sweep last saw
+// it watched, so that streams and cursors of a quiet channel keep their
+// epoch (a new epoch would tell them their history was lost).
 func (r *ring) forgettable(now time.Time) bool {
 	keep := 2 * r.maxAge
 	if keep <= 0 {
 		keep = 48 * time.Hour
 	}
-	return now.UnixMilli()-r.head.Time > keep.Milliseconds()
+	return now.UnixMilli()-max(r.head.Time, r.watched) > keep.Milliseconds()
 }
 
 // Stats returns how many channels and events the log holds and their bytes.

@@ -316,7 +316,7 @@ func TestMemorySweepDropsExpiredEvents(t *testing.T) {
 	m.Append("a", []byte("yy"), lim, nil)
 	clock.Advance(31 * time.Second)
 
-	m.Sweep()
+	m.Sweep(nil)
 	if channels, events, bytes := m.Stats(); channels != 1 || events != 1 || bytes != 2+eventOverhead {
 		t.Errorf("after sweep: %d channels, %d events, %d bytes; want 1, 1, %d", channels, events, bytes, 2+eventOverhead)
 	}
@@ -334,7 +334,7 @@ func TestMemorySweepForgetsEmptyChannelsAfterTwiceMaxAge(t *testing.T) {
 	m.Append("busy", nil, Limits{}, nil)
 
 	clock.Advance(90 * time.Second) // the event expired, the channel is empty
-	m.Sweep()
+	m.Sweep(nil)
 	if channels, events, _ := m.Stats(); channels != 2 || events != 1 {
 		t.Fatalf("after 1.5 max age: %d channels, %d events; want 2, 1", channels, events)
 	}
@@ -343,13 +343,13 @@ func TestMemorySweepForgetsEmptyChannelsAfterTwiceMaxAge(t *testing.T) {
 	}
 
 	clock.Advance(30 * time.Second) // exactly 2*maxAge: still kept
-	m.Sweep()
+	m.Sweep(nil)
 	if channels, _, _ := m.Stats(); channels != 2 {
 		t.Fatalf("at exactly 2 max age: %d channels, want 2", channels)
 	}
 
 	clock.Advance(time.Millisecond)
-	m.Sweep()
+	m.Sweep(nil)
 	if channels, _, _ := m.Stats(); channels != 1 {
 		t.Fatalf("after 2 max age: %d channels, want only the busy one", channels)
 	}
@@ -361,11 +361,58 @@ func TestMemorySweepForgetsEmptyChannelsAfterTwiceMaxAge(t *testing.T) {
 	}
 }
 
+// A quiet channel that streams are subscribed to keeps its head however
+// long it stays empty: its next event must follow their position, in the
+// same epoch, or every open stream on it is ended as if it had missed
+// events. Once no longer watched it is kept 2*maxAge more, then freed.
+func TestMemorySweepKeepsWatchedChannels(t *testing.T) {
+	m, clock := newTestMemory()
+	lim := Limits{MaxAge: time.Minute}
+	last := m.Append("watched", nil, lim, nil)
+	m.Append("idle", nil, lim, nil)
+	isWatched := true
+	watched := func(name string) bool { return isWatched && name == "watched" }
+
+	clock.Advance(time.Hour) // both empty for far longer than 2*maxAge
+	m.Sweep(watched)
+	if channels, events, _ := m.Stats(); channels != 1 || events != 0 {
+		t.Fatalf("after an hour: %d channels, %d events; want only the watched one, empty", channels, events)
+	}
+	if head := m.Read("watched", nil, 10).Head; head != last.Pos {
+		t.Fatalf("head of the watched channel %+v, want %+v kept", head, last.Pos)
+	}
+	if ev := m.Append("watched", nil, lim, nil); !last.Pos.Follows(ev.Pos) {
+		t.Fatalf("the watched channel's next event %+v does not follow %+v: a new history", ev.Pos, last.Pos)
+	}
+
+	isWatched = false // its streams left
+	clock.Advance(time.Hour)
+	m.Sweep(watched) // the event expired; last seen watched an hour ago
+	if channels, _, _ := m.Stats(); channels != 0 {
+		t.Fatalf("%d channels after the last stream left, want 0", channels)
+	}
+
+	// the grace counts from the last sweep that saw it watched
+	m.Append("c", nil, lim, nil)
+	clock.Advance(time.Hour)
+	m.Sweep(func(string) bool { return true })
+	clock.Advance(2 * time.Minute)
+	m.Sweep(nil)
+	if channels, _, _ := m.Stats(); channels != 1 {
+		t.Fatalf("%d channels 2*maxAge after a sweep saw it watched, want 1 kept", channels)
+	}
+	clock.Advance(time.Millisecond)
+	m.Sweep(nil)
+	if channels, _, _ := m.Stats(); channels != 0 {
+		t.Fatalf("%d channels after the grace, want 0", channels)
+	}
+}
+
 func TestMemorySweepKeepsChannelsWithEvents(t *testing.T) {
 	m, clock := newTestMemory()
 	m.Append("forever", nil, Limits{}, nil) // no max age
 	clock.Advance(1000 * time.Hour)
-	m.Sweep()
+	m.Sweep(nil)
 	if channels, events, _ := m.Stats(); channels != 1 || events != 1 {
 		t.Errorf("after sweep: %d channels, %d events; want 1, 1", channels, events)
 	}
@@ -507,7 +554,7 @@ func TestMemoryAppendRacingSweepIsNotLost(t *testing.T) {
 	waitClosed(t, entered, "the append to read the clock")
 
 	swept := make(chan struct{})
-	go func() { m.Sweep(); close(swept) }()
+	go func() { m.Sweep(nil); close(swept) }()
 	select {
 	case <-swept:
 	case <-time.After(200 * time.Millisecond):
