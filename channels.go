@@ -9,6 +9,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-sse/caddy-sse/replay"
 )
 
 // MaxChannelNameLen bounds a channel name (SPEC S1).
@@ -88,6 +90,37 @@ func (h *Handler) resolveChannels(r *http.Request, repl *caddy.Replacer) ([]stri
 		return nil, &rejection{status: 400, code: "too_many_channels", detail: fmt.Sprintf("%d channels, at most %d", len(names), h.MaxChannels)}
 	}
 	return names, nil
+}
+
+// collidingChannels refuses a stream two of whose channels have the same
+// hash (replay.HashChannel of their names in the hub, with the namespace):
+// its ids name channels by that hash, so the two would get each other's
+// positions, and every reconnect would be told truncated and replay
+// duplicates. Names can come from user input, and 32 bits collide.
+func collidingChannels(names []string, cursor []replay.ChannelPosition) *rejection {
+	collide := func(i, j int) *rejection {
+		return &rejection{status: 400, code: "channel_invalid", detail: fmt.Sprintf(
+			"channels %q and %q have the same hash in the stream's ids and cannot share a stream: subscribe to them on separate streams",
+			names[i], names[j])}
+	}
+	if len(cursor) <= 16 {
+		for j := 1; j < len(cursor); j++ {
+			for i := 0; i < j; i++ {
+				if cursor[i].Hash == cursor[j].Hash {
+					return collide(i, j)
+				}
+			}
+		}
+		return nil
+	}
+	seen := make(map[uint32]int, len(cursor))
+	for j, c := range cursor {
+		if i, ok := seen[c.Hash]; ok {
+			return collide(i, j)
+		}
+		seen[c.Hash] = j
+	}
+	return nil
 }
 
 // channels gives add the channel names a template resolves to. Commas in

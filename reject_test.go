@@ -4,10 +4,13 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-sse/caddy-sse/replay"
 )
 
 const rejectSite = `
@@ -90,6 +93,7 @@ func TestSubscribeRejections(t *testing.T) {
 		{"empty item in list", "/events?channels=a,,b", nil, 400, "channel_invalid"},
 		{"too long", "/events?channels=" + strings.Repeat("x", 201), nil, 400, "channel_invalid"},
 		{"too many channels", "/events?channels=a,b,c", nil, 400, "too_many_channels"},
+		{"channels whose hashes collide", "/events?channels=t439599,t622382", nil, 400, "channel_invalid"},
 		{"subscribe on publish-only route", "/publish-only", nil, 405, "method_not_allowed"},
 	}
 	for _, tc := range cases {
@@ -107,6 +111,86 @@ func TestSubscribeRejections(t *testing.T) {
 			t.Fatalf("got %+v", ev)
 		}
 	})
+}
+
+// Two channels of one stream whose hashes collide (FNV-1a, 32 bits) would
+// get each other's positions in its ids: a client that missed nothing
+// would be told truncated and get duplicates on every reconnect. Such a
+// stream is refused, naming both; each channel alone is fine, and so is
+// the pair where a namespace makes their names in the hub differ. The
+// hash is of the name in the hub: a namespaced pair can collide too.
+func TestCollidingChannelHashesAreRefused(t *testing.T) {
+	a, b := "t439599", "t622382"
+	if replay.HashChannel(a) != replay.HashChannel(b) {
+		t.Fatal("the names do not collide")
+	}
+	// a pair whose names collide only with the namespace
+	var na, nb string
+	seen := map[uint32]string{}
+	for i := 0; nb == ""; i++ {
+		name := "n" + strconv.Itoa(i)
+		h := replay.HashChannel("ns:" + name)
+		if other, ok := seen[h]; ok {
+			na, nb = other, name
+		}
+		seen[h] = name
+	}
+	srv := startCaddy(t, `
+:{PORT} {
+	sse /events {
+		channel {query.channels}
+		publish {
+			secret `+testSecret+`
+		}
+	}
+	sse /ns/events {
+		namespace ns
+		channel {query.channels}
+	}
+}
+`)
+	many := make([]string, 20) // more than a stream's usual few
+	for i := range many {
+		many[i] = "c" + strconv.Itoa(i)
+	}
+	for _, tc := range []struct{ path, others, a, b string }{
+		{"/events", "x", a, b},
+		{"/events", strings.Join(many, ","), a, b},
+		{"/ns/events", "x", na, nb},
+	} {
+		resp := do(t, http.MethodGet, srv.base+tc.path+"?channels="+tc.others+","+tc.a+","+tc.b, nil, "")
+		if resp.StatusCode != 400 {
+			resp.Body.Close() // a stream's body never ends
+			t.Fatalf("%s: status %d, want 400", tc.path, resp.StatusCode)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var out struct{ Error, Detail string }
+		if err := json.Unmarshal(body, &out); err != nil || out.Error != "channel_invalid" {
+			t.Fatalf("%s: body %s, want error channel_invalid", tc.path, body)
+		}
+		for _, want := range []string{strconv.Quote(tc.a), strconv.Quote(tc.b), "separate streams"} {
+			if !strings.Contains(out.Detail, want) {
+				t.Errorf("%s: detail %q does not say %s", tc.path, out.Detail, want)
+			}
+		}
+	}
+	if n := embeddedHub(t).Subscribers(a); n != 0 {
+		t.Errorf("the refused stream left %d subscriptions", n)
+	}
+	// on separate streams, each channel resumes on its own
+	ca := srv.subscribe("/events?channels="+a, nil)
+	cb := srv.subscribe("/events?channels="+b, nil)
+	srv.publish("/events", map[string]any{"channel": a, "data": "a1"})
+	srv.publish("/events", map[string]any{"channel": b, "data": "b1"})
+	if ev := ca.next(); ev.Data != "a1" {
+		t.Fatalf("got %+v", ev)
+	}
+	if ev := cb.next(); ev.Data != "b1" {
+		t.Fatalf("got %+v", ev)
+	}
+	// with a namespace, the names in the hub of a and b do not collide
+	srv.subscribe("/ns/events?channels="+a+","+b, nil)
 }
 
 func TestMethodsAndHead(t *testing.T) {

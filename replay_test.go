@@ -91,21 +91,27 @@ func TestTruncatedReplayWhenHistoryDropped(t *testing.T) {
 	}
 }
 
+// embeddedHub returns the embedded hub of the running server.
+func embeddedHub(t *testing.T) *pubsub.Hub {
+	t.Helper()
+	var hub *pubsub.Hub
+	hubs.Range(func(key, value any) bool {
+		if key == embeddedHubKey {
+			hub = value.(pooledHub).Hub
+		}
+		return hub == nil
+	})
+	if hub == nil {
+		t.Fatal("no embedded hub")
+	}
+	return hub
+}
+
 // sweepEmbeddedHistory runs the embedded hub's history sweep now, as it
 // does once a minute.
 func sweepEmbeddedHistory(t *testing.T) {
 	t.Helper()
-	swept := false
-	hubs.Range(func(key, value any) bool {
-		if key == embeddedHubKey {
-			value.(pooledHub).Broker().(*pubsub.Memory).Sweep()
-			swept = true
-		}
-		return !swept
-	})
-	if !swept {
-		t.Fatal("no embedded hub")
-	}
+	embeddedHub(t).Broker().(*pubsub.Memory).Sweep()
 }
 
 // A stream open on a channel that stays quiet for longer than twice the

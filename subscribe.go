@@ -59,6 +59,10 @@ func (h *Handler) openStream(w http.ResponseWriter, r *http.Request) (*stream, s
 	if rej != nil {
 		return nil, startingPoint{}, h.reject(w, r, rej, 0)
 	}
+	s := newStream(h, names) // holds nothing yet: nothing to release
+	if rej := collidingChannels(s.names, s.cursor); rej != nil {
+		return nil, startingPoint{}, h.reject(w, r, rej, 0)
+	}
 	repl.Set("http.sse.channels", strings.Join(names, ","))
 	repl.Set("http.sse.principal", principal)
 	who := client{principal: principal, ip: clientIP(r)}
@@ -66,7 +70,6 @@ func (h *Handler) openStream(w http.ResponseWriter, r *http.Request) (*stream, s
 	if rej != nil {
 		return nil, startingPoint{}, h.reject(w, r, rej, retryAfter)
 	}
-	s := newStream(h, names)
 	s.who, s.remote = who, r.RemoteAddr
 	s.adm = adm
 	opened := false
