@@ -1,6 +1,7 @@
 package caddysse
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -539,5 +540,106 @@ func TestDirectRedisPublishReachesStreamsWithoutAPublishThroughCaddy(t *testing.
 	rds.MustCLI("FCALL", "sse_publish_v1", "1", "sse:{user:GABC}", "balance", `{"b":1}`)
 	if got := c.nextData(2); fmt.Sprint(got) != `[{"s":"paid"} {"b":1}]` {
 		t.Fatalf("got %v", got)
+	}
+}
+
+// redisBlockSite is redisSite with the redis block's settings given in
+// full, for tests that need other Redis settings than redisSite's.
+func redisBlockSite(settings string, extra ...string) string {
+	return `
+:{PORT} {
+	sse /events {
+		channel {query.channels}
+		redis {
+			` + settings + `
+		}
+		` + strings.Join(extra, "\n\t\t") + `
+		publish {
+			secret ` + testSecret + `
+		}
+	}
+}
+`
+}
+
+// publishWhileRefused publishes until Redis takes the event (a publish
+// refused with 503 was not published), within the test deadline, and
+// returns the ids of the reply.
+func (s *testServer) publishWhileRefused(channel, data string) map[string]string {
+	s.t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for {
+		status, body := s.post("/events", "application/json", mustJSON(s.t, map[string]any{"channel": channel, "data": data}), nil)
+		if status == http.StatusOK {
+			var out struct {
+				IDs map[string]string `json:"ids"`
+			}
+			if err := json.Unmarshal(body, &out); err != nil {
+				s.t.Fatalf("publish reply %q: %v", body, err)
+			}
+			return out.IDs
+		}
+		if status != http.StatusServiceUnavailable || time.Now().After(deadline) {
+			s.t.Fatalf("publish %q: %d %s", data, status, body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// go-redis sends a command again when its reply does not come within
+// read_timeout (max_retries defaults to 3), and a frozen Redis runs every
+// copy waiting in its sockets once it resumes. One POST is one event all
+// the same, and when a later attempt gets the reply the POST answers with
+// that event's id.
+func TestRedisPublishRetriedAfterTimeoutIsPublishedOnce(t *testing.T) {
+	rds := redistest.Start(t)
+	// no max_retries: go-redis' default, as a user who does not set it gets
+	srv := startCaddy(t, redisBlockSite("url "+rds.URL()+"\n\t\t\tdial_timeout 300ms\n\t\t\tread_timeout 300ms\n\t\t\twrite_timeout 300ms\n\t\t\tcheck_interval 300ms"))
+	c := srv.subscribe("/events?channels=a", nil)
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
+	srv.publish("/events", map[string]any{"channel": "a", "data": "before"})
+	c.next()
+
+	rds.Pause()
+	type answer struct {
+		status int
+		body   []byte
+	}
+	result := make(chan answer, 1)
+	go func() {
+		status, body := srv.post("/events", "application/json", mustJSON(t, map[string]any{"channel": "a", "data": "once"}), nil)
+		result <- answer{status, body}
+	}()
+	time.Sleep(900 * time.Millisecond) // Redis frozen for three read timeouts
+	rds.Resume()
+	var got answer
+	select {
+	case got = <-result:
+	case <-time.After(waitFor):
+		t.Fatal("the publish did not return")
+	}
+	srv.publishWhileRefused("a", "after")
+	var events []sseEvent
+	for {
+		ev := c.next()
+		if ev.Data == "after" {
+			break
+		}
+		events = append(events, ev)
+	}
+	xlen := rds.MustCLI("XLEN", "sse:{a}:s")
+	if len(events) > 1 || (xlen != "2" && xlen != "3") {
+		t.Fatalf("one POST (answered %d) became %d events on the stream %+v; the history has %s events (want at most 3)", got.status, len(events), events, xlen)
+	}
+	if got.status == http.StatusOK {
+		var reply struct {
+			IDs map[string]string `json:"ids"`
+		}
+		if err := json.Unmarshal(got.body, &reply); err != nil {
+			t.Fatal(err)
+		}
+		if len(events) != 1 || reply.IDs["a"] != events[0].ID {
+			t.Fatalf("the POST answered %s, the stream got %+v", got.body, events)
+		}
 	}
 }

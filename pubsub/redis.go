@@ -23,10 +23,12 @@ import (
 //go:embed redis.lua
 var redisFunctions string
 
-// Names of the library's functions.
+// Names of the library's functions. The module publishes with
+// FunctionPublishOnce; FunctionPublish is for direct publishers.
 const (
-	FunctionPublish = "sse_publish_v1"
-	FunctionRead    = "sse_read_v1"
+	FunctionPublish     = "sse_publish_v1"
+	FunctionPublishOnce = "sse_publish_once_v1"
+	FunctionRead        = "sse_read_v1"
 )
 
 // RedisFunctions returns the source of the function library, for users
@@ -103,13 +105,17 @@ func (b *Redis) Publish(ctx context.Context, channel string, msg Message, lim re
 	}
 	key := b.Key(channel)
 	lim = redisLimits(lim)
-	args := []any{msg.Type, msg.Data, lim.Count, lim.MaxAge.Milliseconds(), lim.MaxBytes}
+	// go-redis sends a command again when its reply does not come in time,
+	// and a stalled Redis runs every copy it finds in its sockets once it
+	// resumes: the token, the same in every copy, makes them one publish
+	args := []any{publishToken(), b.opts.publishOnceTTL().Milliseconds(),
+		msg.Type, msg.Data, lim.Count, lim.MaxAge.Milliseconds(), lim.MaxBytes}
 	var reply any
 	var err error
 	if b.opts.WaitReplicas > 0 {
 		reply, err = b.publishAndWait(ctx, key, args)
 	} else {
-		reply, err = b.call(ctx, key, FunctionPublish, false, args...)
+		reply, err = b.call(ctx, key, FunctionPublishOnce, false, args...)
 	}
 	if err != nil {
 		if b.opts.FallbackLocal && isUnavailable(err) {
@@ -118,6 +124,12 @@ func (b *Redis) Publish(ctx context.Context, channel string, msg Message, lim re
 		return replay.Position{}, err
 	}
 	return parsePosition(reply)
+}
+
+// publishToken is a new random token for one publish (its calls of
+// FunctionPublishOnce): 128 bits, as 32 hex digits.
+func publishToken() string {
+	return fmt.Sprintf("%016x%016x", rand.Uint64(), rand.Uint64())
 }
 
 // redisLimits fills unset limits with the function's defaults: a Redis
@@ -144,7 +156,7 @@ func (b *Redis) publishAndWait(ctx context.Context, key string, args []any) (any
 	}
 	conn := node.Conn()
 	defer conn.Close()
-	reply, err := b.callOn(ctx, conn, node, key, FunctionPublish, false, args...)
+	reply, err := b.callOn(ctx, conn, node, key, FunctionPublishOnce, false, args...)
 	if err != nil {
 		return nil, err
 	}

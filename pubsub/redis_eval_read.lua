@@ -22,7 +22,14 @@ epoch at seq 1, which tells every old cursor that its replay is truncated.
 FCALL sse_publish_v1 1 <B> <type> <data> [<count> [<max_age_ms> [<max_bytes>]]]
   Appends the event, trims the history to count events / max age / bytes
   (defaults 1000, 86400000, 4194304), announces it, and returns
-  {epoch, seq, time}.
+  {epoch, seq, time}. Each call publishes: a client that sends it again
+  after a timeout (go-redis retries by default) may publish twice.
+FCALL sse_publish_once_v1 1 <B> <token> <ttl_ms> <type> <data> [<count> [<max_age_ms> [<max_bytes>]]]
+  The same, at most once per token: the first call with a token publishes
+  and keeps its reply for ttl_ms under B:p:<token>; a later call with that
+  token (a retry of the same publish) returns the kept reply. caddy-sse
+  publishes with it, a random token per publish, so that the retries of a
+  call that timed out while Redis was stalled add no event.
 FCALL_RO sse_read_v1 1 <B> <limit> [<epoch> <seq> <time>]
   Returns {epoch, seq, time, truncated, n, id1, type1, data1, ...}: the
   channel's head, and the events after the given position by caddy-sse's
@@ -141,6 +148,29 @@ local function publish(keys, args)
   redis.call('PEXPIRE', mkey, 2 * max_age)
   redis.call('SPUBLISH', base, num(epoch) .. ':' .. num(seq) .. ':' .. num(t) .. ':' .. #typ .. ':' .. typ .. data)
   return { num(epoch), num(seq), num(t) }
+end
+
+-- publish_once is publish at most once per token: a retry of a call (the
+-- same token) gets the first call's reply
+local function publish_once(keys, args)
+  local token, ttl = args[1] or '', tonumber(args[2] or '')
+  if token == '' or string.find(token, '[^%w_-]') or #token > 64 then
+    return redis.error_reply('ERR sse: the token must be 1 to 64 letters, digits, - or _')
+  end
+  if ttl == nil or ttl < 1 then
+    return redis.error_reply('ERR sse: ttl_ms must be positive')
+  end
+  local pkey = keys[1] .. ':p:' .. token
+  local kept = redis.call('GET', pkey)
+  if kept then
+    local e, s, t = string.match(kept, '^(%d+):(%d+):(%d+)$')
+    if e then return { e, s, t } end
+  end
+  local reply = publish(keys, { args[3], args[4], args[5], args[6], args[7] })
+  if type(reply) == 'table' and reply[1] ~= nil then
+    redis.call('SET', pkey, reply[1] .. ':' .. reply[2] .. ':' .. reply[3], 'PX', ttl)
+  end
+  return reply
 end
 
 -- the read side: caddy-sse's replay rules (SPEC S5), the same as

@@ -81,6 +81,32 @@ func (o *RedisOptions) applyDefaults() {
 	}
 }
 
+// publishOnceTTL is how long Redis keeps a publish's reply under its token
+// (FunctionPublishOnce): longer than go-redis' retries of one call can be
+// apart (every attempt's dial, write and read timeouts and backoff), and
+// at least 30 s.
+func (o *RedisOptions) publishOnceTTL() time.Duration {
+	orDefault := func(d, def time.Duration) time.Duration {
+		if d == 0 {
+			return def
+		}
+		return max(d, 0) // negative: no timeout (or none of it)
+	}
+	dial := orDefault(o.DialTimeout, 5*time.Second)
+	read := orDefault(o.ReadTimeout, 3*time.Second)
+	write := orDefault(o.WriteTimeout, read)
+	backoff := orDefault(o.MaxRetryBackoff, 512*time.Millisecond)
+	retries := o.MaxRetries
+	switch {
+	case retries == 0:
+		retries = 3
+	case retries < 0:
+		retries = 0
+	}
+	window := time.Duration(retries+1)*(dial+write+read) + time.Duration(retries)*backoff
+	return max(30*time.Second, window)
+}
+
 // isCluster tells whether the options describe a Redis Cluster.
 func (o *RedisOptions) isCluster() bool {
 	return o.MasterName == "" && (o.Cluster || len(o.Addrs) > 1)

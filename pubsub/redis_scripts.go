@@ -27,14 +27,15 @@ func evalScript(function string) string {
 		b.WriteString(line)
 		b.WriteByte('\n')
 	}
-	callback := map[string]string{FunctionPublish: "publish", FunctionRead: "read"}[function]
+	callback := map[string]string{FunctionPublish: "publish", FunctionPublishOnce: "publish_once", FunctionRead: "read"}[function]
 	b.WriteString("return " + callback + "(KEYS, ARGV)\n")
 	return b.String()
 }
 
 var scripts = map[string]*redis.Script{
-	FunctionPublish: redis.NewScript(evalScript(FunctionPublish)),
-	FunctionRead:    redis.NewScript(evalScript(FunctionRead)),
+	FunctionPublish:     redis.NewScript(evalScript(FunctionPublish)),
+	FunctionPublishOnce: redis.NewScript(evalScript(FunctionPublishOnce)),
+	FunctionRead:        redis.NewScript(evalScript(FunctionRead)),
 }
 
 // runScript runs a function's script form (EVALSHA, or EVAL if Redis does

@@ -667,3 +667,78 @@ func TestRedisUnconfirmedSubscriptionsAreSentAgain(t *testing.T) {
 		t.Fatalf("last event %q, want the one published after the connection was replaced", got[len(got)-1].Frame)
 	}
 }
+
+// sse_publish_once_v1 publishes once per token: a call again with the same
+// token (go-redis retrying after a timeout) gets the first call's reply,
+// and neither appends nor announces the event again, as a function or as
+// a script.
+func TestRedisPublishOncePerToken(t *testing.T) {
+	srv := redistest.Start(t)
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	rec := follow(t, srv, hub, broker, "o")
+	publishTo(t, hub, "o", "loads the library")
+	args := func(token, data string) []string {
+		return []string{"1", "sse:{o}", token, "30000", "t", data}
+	}
+	first := srv.MustCLI(append([]string{"FCALL", FunctionPublishOnce}, args("tok-1", "once")...)...)
+	again := srv.MustCLI(append([]string{"FCALL", FunctionPublishOnce}, args("tok-1", "once")...)...)
+	if first != again {
+		t.Fatalf("the same token answered %q, then %q", first, again)
+	}
+	script := []string{"EVAL", evalScript(FunctionPublishOnce)}
+	viaScript := srv.MustCLI(append(script, args("tok-1", "once")...)...)
+	if viaScript != first {
+		t.Fatalf("the script answered %q for the token, the function %q", viaScript, first)
+	}
+	srv.MustCLI(append(script, args("tok-2", "second")...)...)
+	// an announcement of a call again would come before the second event
+	got := rec.waitFor(t, 0, 3)
+	if dataOf(got[1]) != "once" || dataOf(got[2]) != "second" {
+		t.Fatalf("delivered %q, %q, want once, second", dataOf(got[1]), dataOf(got[2]))
+	}
+	assertContiguous(t, got, 1)
+	if n := srv.MustCLI("XLEN", "sse:{o}:s"); n != "3" {
+		t.Fatalf("the history holds %s events, want 3", n)
+	}
+	if ttl, _ := strconv.Atoi(srv.MustCLI("PTTL", "sse:{o}:p:tok-1")); ttl <= 0 || ttl > 30000 {
+		t.Fatalf("the token's reply is kept for %d ms, want up to 30000", ttl)
+	}
+	for _, bad := range [][]string{{"1", "sse:{o}", "", "1000", "t", "x"}, {"1", "sse:{o}", "a b", "1000", "t", "x"}, {"1", "sse:{o}", "tok", "0", "t", "x"}} {
+		if out, _ := srv.CLI(append([]string{"FCALL", FunctionPublishOnce}, bad...)...); !strings.Contains(out, "ERR sse:") {
+			t.Fatalf("FCALL %v answered %q, want an error", bad, out)
+		}
+	}
+}
+
+// A Redis that has an older library (sse_publish_v1 without
+// sse_publish_once_v1) answers "Function not found": the broker loads its
+// own library, which keeps sse_publish_v1 for direct publishers.
+func TestRedisOlderLibraryIsReplaced(t *testing.T) {
+	srv := redistest.Start(t)
+	older := strings.ReplaceAll(redisFunctions, "redis.register_function('sse_publish_once_v1', publish_once)\n", "")
+	if older == redisFunctions {
+		t.Fatal("no registration of sse_publish_once_v1 in the library")
+	}
+	srv.MustCLI("FUNCTION", "LOAD", older)
+	hub, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	publishTo(t, hub, "u", "through the broker")
+	srv.MustCLI("FCALL", FunctionPublish, "1", "sse:{u}", "t", "direct")
+	if n := srv.MustCLI("XLEN", "sse:{u}:s"); n != "2" {
+		t.Fatalf("the history holds %s events, want 2", n)
+	}
+}
+
+func TestPublishOnceTTLCoversTheRetries(t *testing.T) {
+	for _, tc := range []struct {
+		opts RedisOptions
+		want time.Duration
+	}{
+		{RedisOptions{}, 4*(5+3+3)*time.Second + 3*512*time.Millisecond},
+		{RedisOptions{DialTimeout: 300 * time.Millisecond, ReadTimeout: time.Second, MaxRetries: -1}, 30 * time.Second},
+		{RedisOptions{ReadTimeout: 10 * time.Second, MaxRetries: 5, MaxRetryBackoff: time.Second}, 6*(5+10+10)*time.Second + 5*time.Second},
+	} {
+		if got := tc.opts.publishOnceTTL(); got != tc.want {
+			t.Errorf("%+v: %v, want %v", tc.opts, got, tc.want)
+		}
+	}
+}
