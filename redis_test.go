@@ -643,3 +643,29 @@ func TestRedisPublishRetriedAfterTimeoutIsPublishedOnce(t *testing.T) {
 		}
 	}
 }
+
+// Redis at maxmemory with noeviction refuses the publish with "OOM command
+// not allowed when used memory > 'maxmemory'": that is not Redis forbidding
+// functions, so the broker keeps them, and loads the library again when
+// Redis lost it (a restart without persistence, FUNCTION FLUSH): backends
+// that publish with FCALL sse_publish_v1 find it (SPEC S9).
+func TestRedisOutOfMemoryIsNotFunctionsForbidden(t *testing.T) {
+	rds := redistest.Start(t, "--maxmemory-policy", "noeviction")
+	srv := startCaddy(t, redisSite(rds.URL()))
+	srv.publish("/events", map[string]any{"channel": "a", "data": "loads the library"})
+
+	rds.MustCLI("CONFIG", "SET", "maxmemory", "1")
+	status, body := srv.post("/events", "application/json", mustJSON(t, map[string]any{"channel": "a", "data": "refused"}), nil)
+	if status != http.StatusServiceUnavailable {
+		t.Fatalf("publish with Redis out of memory: %d %s", status, body)
+	}
+	rds.MustCLI("CONFIG", "SET", "maxmemory", "0")
+
+	// Redis loses its functions (a restart without persistence does too)
+	rds.MustCLI("FUNCTION", "FLUSH")
+	srv.publish("/events", map[string]any{"channel": "a", "data": "through caddy"})
+	out, err := rds.CLI("FCALL", "sse_publish_v1", "1", "sse:{a}", "", "from a backend")
+	if err != nil || strings.Contains(out, "ERR") {
+		t.Fatalf("a backend's FCALL sse_publish_v1 after Caddy published: %v %s", err, out)
+	}
+}

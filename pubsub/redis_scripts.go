@@ -2,6 +2,7 @@ package pubsub
 
 import (
 	"context"
+	"regexp"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -48,16 +49,31 @@ func runScript(ctx context.Context, c redis.Scripter, key, function string, read
 	return s.Run(ctx, c, []string{key}, args...).Result()
 }
 
-// functionsForbidden reports whether Redis refused to load functions (as
-// opposed to being unreachable).
+// functionsForbidden reports whether Redis refused the function commands
+// themselves: an ACL without FCALL or FUNCTION (NOPERM ... the 'fcall'
+// command), or a server or proxy that does not have them (unknown command
+// 'FCALL'). Nothing else is: the broker uses scripts for good after it, so
+// a passing refusal such as "OOM command not allowed" must not count.
 func functionsForbidden(err error) bool {
 	if err == nil {
 		return false
 	}
-	msg := err.Error()
-	return strings.Contains(msg, "NOPERM") || strings.Contains(msg, "unknown command") ||
-		strings.Contains(msg, "not allowed")
+	msg := strings.ToLower(err.Error())
+	switch {
+	case strings.HasPrefix(msg, "noperm"):
+		return forbiddenCommand.MatchString(msg)
+	case strings.Contains(msg, "unknown command"):
+		return unknownFunctionCommand.MatchString(msg)
+	}
+	return false
 }
+
+var (
+	// the command a NOPERM names: 'fcall', 'fcall_ro', 'function|load'
+	forbiddenCommand = regexp.MustCompile(`run the ['"` + "`" + `](fcall|fcall_ro|function)\b`)
+	// ERR unknown command 'FCALL', with args beginning with: ...
+	unknownFunctionCommand = regexp.MustCompile(`unknown command ['"` + "`" + `]?(fcall|fcall_ro|function)\b`)
+)
 
 // useScripts switches the broker to scripts for good, once.
 func (b *Redis) useScripts(err error) {

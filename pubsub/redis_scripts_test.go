@@ -67,3 +67,34 @@ func TestRedisWithoutFunctionsWaitReplicas(t *testing.T) {
 		t.Fatalf("the stream holds %s events, want 3", n)
 	}
 }
+
+// Only a refusal of the function commands themselves sends the broker to
+// scripts for good; an out-of-memory refusal (which also says "not
+// allowed") or a key the ACL denies does not.
+func TestFunctionsForbiddenOnlyForRefusedFunctionCommands(t *testing.T) {
+	for msg, want := range map[string]bool{
+		"NOPERM this user has no permissions to run the 'fcall' command":                                     true,
+		"NOPERM User nofunc has no permissions to run the 'fcall_ro' command":                                true,
+		"NOPERM this user has no permissions to run the 'function|load' command":                             true,
+		"ERR unknown command 'FCALL', with args beginning with: 'sse_publish_once_v1' '1' 'sse:{a}' ":        true,
+		"ERR unknown command 'FUNCTION', with args beginning with: 'LOAD' 'REPLACE' ":                        true,
+		"OOM command not allowed when used memory > 'maxmemory'.":                                            false,
+		"OOM command not allowed when used memory > 'maxmemory'. script: ff35ca, on @user_script:1.":         false,
+		"NOPERM this user has no permissions to access one of the keys used as arguments":                    false,
+		"ERR unknown command 'XADD', with args beginning with: ":                                             false,
+		"ERR Write commands are not allowed from read-only scripts. script: sse_read_v1, on @user_function.": false,
+		"READONLY You can't write against a read only replica.":                                              false,
+	} {
+		if got := functionsForbidden(redisError(msg)); got != want {
+			t.Errorf("functionsForbidden(%q) = %v, want %v", msg, got, want)
+		}
+	}
+	if functionsForbidden(nil) {
+		t.Error("functionsForbidden(nil)")
+	}
+}
+
+type redisError string
+
+func (e redisError) Error() string { return string(e) }
+func (redisError) RedisError()     {}
