@@ -289,7 +289,7 @@ func (h *Handler) redisOptions() (*pubsub.RedisOptions, string, error) {
 	if h.Redis == nil {
 		return nil, "", nil
 	}
-	opts, err := h.Redis.redisOptions(h.Fallback == fallbackLocal)
+	opts, err := h.Redis.redisOptions()
 	if err != nil {
 		return nil, "", err
 	}

@@ -103,6 +103,9 @@ func (h *Handler) authorized(r *http.Request) bool {
 func (h *Handler) publishAll(ctx context.Context, req *publishRequest) (*publishReply, *errorBody) {
 	reply := &publishReply{IDs: make(map[string]string, len(req.channels))}
 	msg := pubsub.Message{Type: req.event, Data: req.data}
+	if h.Fallback == fallbackLocal {
+		ctx = pubsub.WithFallbackLocal(ctx)
+	}
 	var failed []string
 	var firstErr error
 	for _, name := range req.channels {

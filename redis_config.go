@@ -113,8 +113,10 @@ type RedisTLS struct {
 }
 
 // redisOptions resolves placeholders, parses the URL and builds the broker
-// options; fallbackLocal comes from the handler. It does not connect.
-func (c *RedisConfig) redisOptions(fallbackLocal bool) (pubsub.RedisOptions, error) {
+// options. It does not connect. fallback local is not among them: it is
+// the handler's, given with each publish (pubsub.WithFallbackLocal), as
+// the handlers of one Redis share its hub.
+func (c *RedisConfig) redisOptions() (pubsub.RedisOptions, error) {
 	repl := caddy.NewReplacer()
 	opts := pubsub.RedisOptions{
 		Cluster: c.Cluster, MasterName: c.Sentinel, DB: c.DB, Prefix: c.Prefix,
@@ -123,9 +125,8 @@ func (c *RedisConfig) redisOptions(fallbackLocal bool) (pubsub.RedisOptions, err
 		ReadTimeout: time.Duration(c.ReadTimeout), WriteTimeout: time.Duration(c.WriteTimeout),
 		MaxRetries: c.MaxRetries, MinRetryBackoff: time.Duration(c.MinRetryBackoff),
 		MaxRetryBackoff: time.Duration(c.MaxRetryBackoff), CheckInterval: time.Duration(c.CheckInterval),
-		FallbackLocal: fallbackLocal,
-		Username:      repl.ReplaceKnown(c.Username, ""),
-		Password:      repl.ReplaceKnown(c.Password, ""),
+		Username: repl.ReplaceKnown(c.Username, ""),
+		Password: repl.ReplaceKnown(c.Password, ""),
 
 		SentinelUsername: repl.ReplaceKnown(c.SentinelUsername, ""),
 		SentinelPassword: repl.ReplaceKnown(c.SentinelPassword, ""),
@@ -235,7 +236,9 @@ func validateRedisOptions(o pubsub.RedisOptions) error {
 
 // hubKey identifies a Redis hub in the pool: every setting, so that a
 // reload with the same settings keeps the hub (and its subscriptions) and a
-// reload with other settings gets a hub that uses them. The password is in
+// reload with other settings gets a hub that uses them. Only Redis
+// settings: handler settings such as fallback local are not in the
+// options, so every handler on one Redis shares its hub (SPEC S1). The password is in
 // it only as part of an in-memory map key.
 func hubKeyOf(o pubsub.RedisOptions, tlsCA string) string {
 	o.Logger = nil

@@ -669,3 +669,53 @@ func TestRedisOutOfMemoryIsNotFunctionsForbidden(t *testing.T) {
 		t.Fatalf("a backend's FCALL sse_publish_v1 after Caddy published: %v %s", err, out)
 	}
 }
+
+// SPEC S1: one hub per Redis (address set + prefix), shared by every sse
+// handler of the process, whatever their handler settings: two routes on
+// the same Redis, one with `fallback local`, share one hub (one shard
+// subscription). While Redis is down a publish on the fallback route is
+// "delivered to this instance" (S9): to its subscribers of every route.
+func TestRedisFallbackLocalReachesEveryRouteOfTheInstance(t *testing.T) {
+	rds := redistest.Start(t)
+	redisBlock := `redis {
+			url ` + rds.URL() + `
+			dial_timeout 300ms
+			read_timeout 1s
+			max_retries -1
+			check_interval 300ms
+		}`
+	srv := startCaddy(t, `
+:{PORT} {
+	sse /events {
+		channel {query.channels}
+		`+redisBlock+`
+		fallback local
+		publish {
+			secret `+testSecret+`
+		}
+	}
+	sse /other {
+		channel {query.channels}
+		`+redisBlock+`
+	}
+}
+`)
+	fallback := srv.subscribe("/events?channels=a", nil)
+	other := srv.subscribe("/other?channels=a", nil)
+	fallback.comment("ok")
+	other.comment("ok")
+	srv.publish("/events", map[string]any{"channel": "a", "data": "via redis"})
+	fallback.next()
+	other.next()
+	if n := rds.MustCLI("PUBSUB", "SHARDNUMSUB", "sse:{a}"); !strings.HasSuffix(n, "1") {
+		t.Errorf("two routes on one Redis hold %s shard subscriptions (one hub per Redis: want 1)", strings.Fields(n)[1])
+	}
+	rds.Kill()
+	srv.publish("/events", map[string]any{"channel": "a", "data": "local"})
+	if ev := fallback.next(); ev.Data != "local" {
+		t.Fatalf("fallback route got %+v", ev)
+	}
+	if ev := other.next(); ev.Data != "local" {
+		t.Fatalf("the other route on the same instance got %+v", ev)
+	}
+}

@@ -118,7 +118,7 @@ func (b *Redis) Publish(ctx context.Context, channel string, msg Message, lim re
 		reply, err = b.call(ctx, key, FunctionPublishOnce, false, args...)
 	}
 	if err != nil {
-		if b.opts.FallbackLocal && isUnavailable(err) {
+		if (b.opts.FallbackLocal || fallbackLocalFrom(ctx)) && isUnavailable(err) {
 			return b.local.publish(channel, msg, b.deliver), nil
 		}
 		return replay.Position{}, err
@@ -418,6 +418,23 @@ func (b *Redis) Client() redis.UniversalClient { return b.client }
 
 // Prefix returns the key prefix.
 func (b *Redis) Prefix() string { return b.opts.Prefix }
+
+// fallbackLocalKey marks a publish's context with WithFallbackLocal.
+type fallbackLocalKey struct{}
+
+// WithFallbackLocal returns a context that makes a publish with it fall back
+// to this instance (as RedisOptions.FallbackLocal does for every publish)
+// when Redis cannot be reached. The handlers of one Redis share its hub: the
+// choice is each handler's, per publish, and the event reaches this
+// instance's subscribers of every handler.
+func WithFallbackLocal(ctx context.Context) context.Context {
+	return context.WithValue(ctx, fallbackLocalKey{}, true)
+}
+
+func fallbackLocalFrom(ctx context.Context) bool {
+	on, _ := ctx.Value(fallbackLocalKey{}).(bool)
+	return on
+}
 
 // localFallback delivers events to this instance alone while Redis is
 // unreachable (fallback local): under an epoch of its own, so any cursor

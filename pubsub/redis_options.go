@@ -50,7 +50,8 @@ type RedisOptions struct {
 	// RepairLimit is the most events fetched to repair one gap.
 	RepairLimit int
 	// FallbackLocal delivers events to this instance when Redis cannot be
-	// reached, under a local epoch (see SPEC S9), instead of failing.
+	// reached, under a local epoch (see SPEC S9), instead of failing: every
+	// publish, where WithFallbackLocal chooses it per publish.
 	FallbackLocal bool
 
 	Logger *zap.Logger

@@ -399,6 +399,30 @@ func TestRedisFallbackLocal(t *testing.T) {
 	}
 }
 
+// WithFallbackLocal chooses the fallback per publish, on a broker that
+// does not fall back for every publish (the handlers of one Redis share
+// it, each with its own fallback setting).
+func TestRedisFallbackLocalPerPublish(t *testing.T) {
+	srv := redistest.Start(t)
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()},
+		DialTimeout: 200 * time.Millisecond, ReadTimeout: 500 * time.Millisecond, MaxRetries: -1})
+	rec := follow(t, srv, hub, broker, "l")
+	publishTo(t, hub, "l", "via redis")
+	rec.waitFor(t, 0, 1)
+	srv.Kill()
+	if _, err := hub.Publish(context.Background(), "l", Message{Data: []byte("refused")}, testLimits); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("a publish without the fallback: %v, want ErrUnavailable", err)
+	}
+	local, err := hub.Publish(WithFallbackLocal(context.Background()), "l", Message{Data: []byte("local only")}, testLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := rec.waitFor(t, 0, 2)
+	if dataOf(got[1]) != "local only" || got[1].Pos != local || !got[1].Local {
+		t.Fatalf("got %+v %q", got[1], dataOf(got[1]))
+	}
+}
+
 // A publisher that gave up (its request's context is cancelled, e.g. the
 // client disconnected) is not Redis being unreachable: the event may be in
 // Redis already, so it is not published again locally (fallback local), and
