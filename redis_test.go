@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -717,5 +718,72 @@ func TestRedisFallbackLocalReachesEveryRouteOfTheInstance(t *testing.T) {
 	}
 	if ev := other.next(); ev.Data != "local" {
 		t.Fatalf("the other route on the same instance got %+v", ev)
+	}
+}
+
+// Seed 000: "Graceful fallback to local in-memory broadcast if Redis is
+// offline" with a Redis that hangs (SIGSTOP: a partition or a stuck
+// primary), publishing to two channels at once as seed 001 does. The
+// first publish waits for one go-redis retry cycle (it may still get an
+// answer), not one per channel; once Redis is known not to answer, a
+// publish no longer waits for it at all, whether it started before or
+// after; and once Redis runs again the next publish reaches it.
+func TestRedisFallbackLocalWhileRedisHangs(t *testing.T) {
+	rds := redistest.Start(t)
+	// one retry: a cycle is at most 2 read timeouts (4 s)
+	srv := startCaddy(t, redisBlockSite("url "+rds.URL()+"\n\t\t\tread_timeout 2s\n\t\t\tmax_retries 1", "fallback local"))
+	c := srv.subscribe("/events?channels=stream:42,user:GABC", nil)
+	rds.WaitShardSubscribers(t, "sse:{stream:42}", 1)
+	rds.WaitShardSubscribers(t, "sse:{user:GABC}", 1)
+	both := []string{"stream:42", "user:GABC"}
+	srv.publish("/events", map[string]any{"channel": both, "data": "before"})
+	c.nextData(2)
+	rds.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			rds.Resume()
+		}
+	}()
+	timed := func(data string) time.Duration {
+		began := time.Now()
+		srv.publish("/events", map[string]any{"channel": both, "data": data})
+		return time.Since(began)
+	}
+	first := make(chan time.Duration, 1)
+	go func() { first <- timed("during 0") }()
+	time.Sleep(2500 * time.Millisecond) // the first publish's first attempt timed out
+	if took := timed("during 1"); took > time.Second {
+		t.Errorf("a publish while another one waits for a hung Redis took %v", took)
+	}
+	took := <-first
+	t.Logf("the first publish into a hung Redis took %v", took)
+	if took > 5*time.Second {
+		t.Errorf("the first publish into a hung Redis took %v (one retry cycle is 4 s, for one of its channels)", took)
+	}
+	if took := timed("during 2"); took > time.Second {
+		t.Errorf("a publish into a Redis known to hang took %v", took)
+	}
+	got := map[string]int{}
+	for range 6 {
+		got[c.next().Data]++
+	}
+	if got["during 0"] != 2 || got["during 1"] != 2 || got["during 2"] != 2 {
+		t.Fatalf("the stream got %v, want each event of both channels", got)
+	}
+
+	rds.Resume()
+	resumed = true
+	deadline := time.Now().Add(2 * time.Second)
+	for i := 0; ; i++ {
+		data := "after " + strconv.Itoa(i)
+		srv.publish("/events", map[string]any{"channel": both, "data": data})
+		if newest := rds.MustCLI("XREVRANGE", "sse:{stream:42}:s", "+", "-", "COUNT", "1"); strings.Contains(newest, data) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("publishes did not reach Redis within 2 s of it running again")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

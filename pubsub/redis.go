@@ -56,6 +56,7 @@ type Redis struct {
 	up          atomic.Bool
 	scriptsOnly atomic.Bool // functions are forbidden: run scripts
 	loads       libraryLoads
+	probes      probes // of Redis while it is down
 	stateMu     sync.Mutex
 	wentDown    chan struct{} // closed when Redis stops answering; replaced when it answers again
 	downLogged  bool
@@ -112,10 +113,19 @@ func (b *Redis) Publish(ctx context.Context, channel string, msg Message, lim re
 		msg.Type, msg.Data, lim.Count, lim.MaxAge.Milliseconds(), lim.MaxBytes}
 	var reply any
 	var err error
-	if b.opts.WaitReplicas > 0 {
+	switch {
+	case !b.reachable(ctx, key):
+		// Redis is known not to answer: fail fast (see redis_probe.go)
+		err = ErrUnavailable
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+	case b.opts.WaitReplicas > 0:
 		reply, err = b.publishAndWait(ctx, key, args)
-	} else {
+	default:
+		stop := b.watchStall()
 		reply, err = b.call(ctx, key, FunctionPublishOnce, false, args...)
+		stop()
 	}
 	if err != nil {
 		if (b.opts.FallbackLocal || fallbackLocalFrom(ctx)) && isUnavailable(err) {
@@ -156,7 +166,9 @@ func (b *Redis) publishAndWait(ctx context.Context, key string, args []any) (any
 	}
 	conn := node.Conn()
 	defer conn.Close()
+	stop := b.watchStall()
 	reply, err := b.callOn(ctx, conn, node, key, FunctionPublishOnce, false, args...)
+	stop()
 	if err != nil {
 		return nil, err
 	}

@@ -65,7 +65,11 @@ func (r *RedisIdempotency) Do(ctx context.Context, key, fingerprint string, publ
 	// the claim's own token tells this request's claim from a retry's
 	pending := "p:" + fingerprint + ":" + strconv.FormatUint(rand.Uint64(), 36)
 	for {
-		claimed, err := r.b.client.SetNX(ctx, rkey, pending, r.pendingTTL).Result()
+		var claimed bool
+		err := ErrUnavailable // known not to answer: do not wait for it (redis_probe.go)
+		if r.b.reachable(ctx, rkey) {
+			claimed, err = r.b.client.SetNX(ctx, rkey, pending, r.pendingTTL).Result()
+		}
 		if err != nil {
 			if isUnavailable(err) {
 				r.b.log.Warn("idempotency keys fall back to this instance: redis is unreachable", zap.Error(err))

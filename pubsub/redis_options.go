@@ -87,15 +87,6 @@ func (o *RedisOptions) applyDefaults() {
 // apart (every attempt's dial, write and read timeouts and backoff), and
 // at least 30 s.
 func (o *RedisOptions) publishOnceTTL() time.Duration {
-	orDefault := func(d, def time.Duration) time.Duration {
-		if d == 0 {
-			return def
-		}
-		return max(d, 0) // negative: no timeout (or none of it)
-	}
-	dial := orDefault(o.DialTimeout, 5*time.Second)
-	read := orDefault(o.ReadTimeout, 3*time.Second)
-	write := orDefault(o.WriteTimeout, read)
 	backoff := orDefault(o.MaxRetryBackoff, 512*time.Millisecond)
 	retries := o.MaxRetries
 	switch {
@@ -104,8 +95,28 @@ func (o *RedisOptions) publishOnceTTL() time.Duration {
 	case retries < 0:
 		retries = 0
 	}
-	window := time.Duration(retries+1)*(dial+write+read) + time.Duration(retries)*backoff
+	window := time.Duration(retries+1)*o.attemptTimeout() + time.Duration(retries)*backoff
 	return max(30*time.Second, window)
+}
+
+// readTimeout is go-redis' read timeout for these options (3 s unless
+// set); 0 if reads have none.
+func (o *RedisOptions) readTimeout() time.Duration {
+	return orDefault(o.ReadTimeout, 3*time.Second)
+}
+
+// attemptTimeout bounds one attempt of a command: dial, write, read.
+func (o *RedisOptions) attemptTimeout() time.Duration {
+	read := o.readTimeout()
+	return orDefault(o.DialTimeout, 5*time.Second) + orDefault(o.WriteTimeout, read) + read
+}
+
+// orDefault is a go-redis timeout: def if unset, 0 if negative (none).
+func orDefault(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return max(d, 0)
 }
 
 // isCluster tells whether the options describe a Redis Cluster.

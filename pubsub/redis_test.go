@@ -766,3 +766,65 @@ func TestPublishOnceTTLCoversTheRetries(t *testing.T) {
 		}
 	}
 }
+
+// A publish into a hung Redis marks it down as soon as its first attempt
+// times out (while go-redis retries it), so that later publishes fail at
+// once rather than each waiting for a retry cycle; once Redis runs again,
+// the next publish reaches it.
+func TestRedisPublishFailsFastWhileRedisHangs(t *testing.T) {
+	srv := redistest.Start(t)
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, ReadTimeout: 500 * time.Millisecond})
+	publishTo(t, hub, "h", "before")
+	srv.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume()
+		}
+	}()
+	began := time.Now()
+	first := make(chan error, 1)
+	go func() {
+		_, err := hub.Publish(context.Background(), "h", Message{Data: []byte("first")}, testLimits)
+		first <- err
+	}()
+	for broker.Available() {
+		if time.Since(began) > 2*time.Second {
+			t.Fatal("Redis not marked down 2 s into a publish that got no answer")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("marked down after %v", time.Since(began))
+	for i := range 3 {
+		start := time.Now()
+		_, err := hub.Publish(context.Background(), "h", Message{Data: []byte("refused")}, testLimits)
+		if took := time.Since(start); !errors.Is(err, ErrUnavailable) || took > 300*time.Millisecond {
+			t.Fatalf("publish %d with Redis known down: %v after %v, want ErrUnavailable at once", i, err, took)
+		}
+	}
+	// with an Idempotency-Key too (the keys fall back to this instance)
+	start := time.Now()
+	_, _, err := hub.Idempotency().Do(context.Background(), "k", "f", func() ([]byte, error) {
+		_, err := hub.Publish(context.Background(), "h", Message{Data: []byte("keyed")}, testLimits)
+		return nil, err
+	})
+	if took := time.Since(start); !errors.Is(err, ErrUnavailable) || took > 300*time.Millisecond {
+		t.Fatalf("a keyed publish with Redis known down: %v after %v, want ErrUnavailable at once", err, took)
+	}
+	err = <-first
+	t.Logf("the first publish: %v after %v", err, time.Since(began))
+	srv.Resume()
+	resumed = true
+	start = time.Now()
+	for {
+		_, err := hub.Publish(context.Background(), "h", Message{Data: []byte("after")}, testLimits)
+		if err == nil {
+			break
+		}
+		if time.Since(start) > 2*time.Second {
+			t.Fatalf("no publish reached Redis within 2 s of it running again: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("a publish reached Redis %v after it ran again", time.Since(start))
+}
