@@ -15,9 +15,12 @@ slot), and:
        b (bytes kept), a (max age ms)
   B    the shard channel (SPUBLISH) that announces every event as
        "<epoch>:<seq>:<time>:<type length>:<type><data>"
-Both keys expire together, two max ages after the last event. If either
-is missing the channel's history is lost, and the next event starts a new
-epoch at seq 1, which tells every old cursor that its replay is truncated.
+B:s expires two max ages after the last event, B:m 7 days later. If B:m
+is missing, or B:s while the last event is younger than the max age, the
+channel's history is lost, and the next event starts a new epoch at seq 1,
+which tells every old cursor that its replay is truncated. A channel quiet
+for longer than its max age whose B:s expired keeps its epoch: every event
+it held was too old to replay anyway, so no cursor missed anything.
 
 FCALL sse_publish_v1 1 <B> <type> <data> [<count> [<max_age_ms> [<max_bytes>]]]
   Appends the event, trims the history to count events / max age / bytes
@@ -37,6 +40,7 @@ FCALL_RO sse_read_v1 1 <B> <limit> [<epoch> <seq> <time>]
 ]==]
 
 local OVERHEAD = 64 -- what an entry costs besides its type and data
+local META_GRACE = 604800000 -- B:m outlives B:s by 7 days (ms)
 local MAX_TYPE = 200
 local RESERVED = { server_closing = true, sse_truncated = true, sse_rejected = true, sse_degraded = true }
 
@@ -127,12 +131,24 @@ local function publish(keys, args)
   end
 
   local skey, mkey = base .. ':s', base .. ':m'
-  local meta = redis.call('HMGET', mkey, 'e', 's', 't', 'b')
+  local meta = redis.call('HMGET', mkey, 'e', 's', 't', 'b', 'a')
   local epoch, seq, last, bytes = tonumber(meta[1]), tonumber(meta[2]), tonumber(meta[3]), tonumber(meta[4])
+  local kept_age = tonumber(meta[5]) or max_age
   local now, clock = now_ms()
-  if epoch == nil or seq == nil or last == nil or redis.call('EXISTS', skey) == 0 then
-    -- a new channel, or its history was lost (evicted, flushed, failed
-    -- over): start a new epoch so that old cursors are told
+  local lost = epoch == nil or seq == nil or last == nil
+  if not lost and redis.call('EXISTS', skey) == 0 then
+    if now - last >= kept_age then
+      -- the stream expired on a quiet channel (or went when every event in
+      -- it was older than the max age): nothing a cursor could replay is
+      -- gone, so the epoch goes on, and open streams miss nothing
+      bytes = 0
+    else
+      lost = true -- evicted, flushed or failed over with events in it
+    end
+  end
+  if lost then
+    -- a new channel, or its history was lost: start a new epoch so that
+    -- old cursors are told
     redis.call('DEL', skey, mkey)
     epoch = (tonumber(clock[1]) * 1000000 + tonumber(clock[2])) % 4294967296
     if epoch == 0 then epoch = 1 end
@@ -145,7 +161,7 @@ local function publish(keys, args)
   bytes = trim(skey, count, max_bytes, now - max_age, (bytes or 0) + #typ + #data + OVERHEAD)
   redis.call('HSET', mkey, 'e', num(epoch), 's', num(seq), 't', num(t), 'b', num(bytes), 'a', num(max_age))
   redis.call('PEXPIRE', skey, 2 * max_age)
-  redis.call('PEXPIRE', mkey, 2 * max_age)
+  redis.call('PEXPIRE', mkey, 2 * max_age + META_GRACE)
   redis.call('SPUBLISH', base, num(epoch) .. ':' .. num(seq) .. ':' .. num(t) .. ':' .. #typ .. ':' .. typ .. data)
   return { num(epoch), num(seq), num(t) }
 end

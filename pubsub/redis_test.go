@@ -828,3 +828,48 @@ func TestRedisPublishFailsFastWhileRedisHangs(t *testing.T) {
 	}
 	t.Logf("a publish reached Redis %v after it ran again", time.Since(start))
 }
+
+// A channel quiet for longer than twice its max age loses its stream (it
+// expires), but not its epoch: the events in it were too old to replay, so
+// the next event follows on, and a stream or cursor on the channel missed
+// nothing. A stream lost while it held events younger than the max age
+// (evicted, flushed) still starts a new epoch.
+func TestRedisQuietChannelKeepsItsEpochWhenItsStreamExpires(t *testing.T) {
+	srv := redistest.Start(t)
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	rec := follow(t, srv, hub, broker, "q")
+	lim := replay.Limits{Count: 10, MaxAge: 200 * time.Millisecond, MaxBytes: 1 << 20}
+	publish := func(data string) replay.Position {
+		t.Helper()
+		pos, err := hub.Publish(context.Background(), "q", Message{Data: []byte(data)}, lim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pos
+	}
+	first := publish("first")
+	deadline := time.Now().Add(redisWait)
+	for srv.MustCLI("EXISTS", "sse:{q}:s") != "0" {
+		if time.Now().After(deadline) {
+			t.Fatal("the stream did not expire")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if srv.MustCLI("EXISTS", "sse:{q}:m") != "1" {
+		t.Fatal("the hash expired with the stream")
+	}
+	second := publish("second")
+	if second.Epoch != first.Epoch || second.Seq != first.Seq+1 {
+		t.Fatalf("after the stream expired: %+v, want the epoch of %+v going on", second, first)
+	}
+	assertContiguous(t, rec.waitFor(t, 0, 2), first.Seq)
+	page, err := hub.Read(context.Background(), "q", &first, 10)
+	if err != nil || page.Truncated || len(page.Events) != 1 || page.Events[0].Pos != second {
+		t.Fatalf("read after the first event: %+v %v, want the second, not truncated", page, err)
+	}
+
+	srv.MustCLI("DEL", "sse:{q}:s") // evicted while it held a young event
+	if third := publish("third"); third.Epoch == second.Epoch {
+		t.Fatalf("a stream lost with a young event kept its epoch: %+v after %+v", third, second)
+	}
+}
