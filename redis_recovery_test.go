@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/caddy-sse/caddy-sse/internal/redistest"
 )
@@ -13,42 +12,6 @@ import (
 // Streams across a Redis outage or a lost history: what opened degraded,
 // or at a head the history then lost, gets every event published after it
 // opened.
-
-// siteWithRedisBlock is redisSite with the redis block given in full, for
-// tests that need other Redis settings than redisSite's.
-func siteWithRedisBlock(redisBlock string, extra ...string) string {
-	return `
-:{PORT} {
-	sse /events {
-		channel {query.channels}
-		redis {
-			` + redisBlock + `
-		}
-		` + strings.Join(extra, "\n\t\t") + `
-		publish {
-			secret ` + testSecret + `
-		}
-	}
-}
-`
-}
-
-// publishUntilAccepted publishes until Redis takes the event (a publish
-// refused with 503 was not published), within the test deadline.
-func (s *testServer) publishUntilAccepted(channel, data string) {
-	s.t.Helper()
-	deadline := time.Now().Add(waitFor)
-	for {
-		status, body := s.post("/events", "application/json", mustJSON(s.t, map[string]any{"channel": channel, "data": data}), nil)
-		if status == http.StatusOK {
-			return
-		}
-		if status != http.StatusServiceUnavailable || time.Now().After(deadline) {
-			s.t.Fatalf("publish %q: %d %s", data, status, body)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
 
 // dataUpTo returns the data of the events up to and including the first whose
 // data is last.
@@ -80,7 +43,7 @@ func TestDegradedStreamWithoutCursorGetsTheEventsAfterTheOutage(t *testing.T) {
 		t.Fatalf("got %+v, want sse_degraded", ev)
 	}
 	rds.Restart()
-	srv.publishUntilAccepted("a", "first")
+	srv.publishWhileRefused("a", "first")
 	srv.publish("/events", map[string]any{"channel": "a", "data": "second"})
 	if got := c.dataUpTo("second"); fmt.Sprint(got) != "[first second]" {
 		t.Fatalf("the degraded stream got %q, want [first second]", got)
@@ -107,7 +70,7 @@ func TestDegradedStreamAfterARestartGetsTheFirstEvent(t *testing.T) {
 		t.Fatalf("got %+v, want sse_degraded", ev)
 	}
 	rds.Restart()
-	srv.publishUntilAccepted("a", "first")
+	srv.publishWhileRefused("a", "first")
 	srv.publish("/events", map[string]any{"channel": "a", "data": "second"})
 	if got := c.dataUpTo("second"); fmt.Sprint(got) != "[first second]" {
 		t.Fatalf("the degraded stream got %q, want [first second]", got)
@@ -134,7 +97,7 @@ func TestFreshStreamAfterLostHistoryGetsTheNewEpoch(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			rds := redistest.Start(t)
 			// the default check_interval (5 s)
-			srv := startCaddy(t, siteWithRedisBlock("url "+rds.URL()+"\n\t\t\tdial_timeout 300ms\n\t\t\tmax_retries -1"))
+			srv := startCaddy(t, redisBlockSite("url "+rds.URL()+"\n\t\t\tdial_timeout 300ms\n\t\t\tmax_retries -1"))
 			old := srv.subscribe("/events?channels=a", nil)
 			rds.WaitShardSubscribers(t, "sse:{a}", 1)
 			srv.publishN("a", "e", 1, 3)
@@ -167,7 +130,7 @@ func TestDegradedReplayIsCountedOnce(t *testing.T) {
 	}
 	// a Redis restart without persistence: the replay is truncated
 	rds.Restart()
-	srv.publishUntilAccepted("a", "new")
+	srv.publishWhileRefused("a", "new")
 	assertTruncatedEvent(t, c.next(), "a")
 	if ev := c.next(); ev.Data != "new" {
 		t.Fatalf("got %+v", ev)
