@@ -176,6 +176,14 @@ func (s *stream) release() {
 	}
 	s.sub.Close()
 	s.sub = nil
+	s.releaseAdmission()
+}
+
+// releaseAdmission gives back the stream's share of the caps. The takeover
+// writer calls it before it closes a connection, so that a client told to
+// reconnect at once (server_closing with retry 0) is not refused by its
+// own old stream's lease.
+func (s *stream) releaseAdmission() {
 	if s.adm != nil {
 		s.adm.release()
 		s.adm = nil

@@ -105,15 +105,14 @@ func (h *Handler) adoptTLS(s *stream, conn net.Conn) net.Conn {
 	return nil
 }
 
-// endConn ends a taken-over stream on the calling goroutine: its last
-// words, the end of the chunked body, and the connection.
+// endConn ends a taken-over stream on the calling goroutine, after run
+// (which wrote its last words if it was told to close): the end of the
+// chunked body, and the connection.
 func (s *stream) endConn(conn net.Conn, cw *connWriter, err error) {
-	if n := s.closing.Load(); n != nil && err == nil {
-		err = s.writeClosing(n)
-	}
 	if err == nil {
 		err = cw.end()
 	}
+	s.releaseAdmission() // before the client sees the end: it may come back at once
 	_ = conn.Close()
 	s.finish(context.Background(), err)
 	s.release()

@@ -192,6 +192,7 @@ type pollLoop struct {
 	ack    chan struct{} // the loop has handled the events it was sent
 	stop   chan struct{}
 	done   chan struct{}
+	polled chan struct{} // poll has ended
 }
 
 // tconn is a taken-over stream's connection as its loop sees it.
@@ -243,7 +244,7 @@ func newPollLoop(withRing bool) (*pollLoop, error) {
 	}
 	l := &pollLoop{epfd: epfd, wakefd: wakefd, byToken: make(map[uint64]*stream),
 		kick: make(chan struct{}, 1), events: make(chan []unix.EpollEvent), ack: make(chan struct{}),
-		stop: make(chan struct{}), done: make(chan struct{})}
+		stop: make(chan struct{}), done: make(chan struct{}), polled: make(chan struct{})}
 	ev := unix.EpollEvent{Events: unix.EPOLLIN} // token 0: wakeToken
 	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wakefd, &ev); err != nil {
 		unix.Close(epfd)
@@ -272,11 +273,11 @@ func (l *pollLoop) adopt(s *stream, tk *tconn) {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
-		// the loops are stopping: so is the server. The loop may have
-		// ended the stream already if it was scheduled meanwhile.
+		// the loops are stopping (a reload or a stop, which told the
+		// stream to close, or will): it ends here, with its last words.
+		// The loop may have ended it already if it was scheduled meanwhile.
 		if tk.ended.CompareAndSwap(false, true) {
-			tk.closeConn()
-			s.endDetached(errors.New("the server is stopping"))
+			go s.endUnadopted(tk)
 		}
 		return
 	}
@@ -294,6 +295,29 @@ func (l *pollLoop) adopt(s *stream, tk *tconn) {
 	}
 	tk.adopting.Store(false)
 	l.schedule(s) // whatever was queued while the stream started, or its end
+}
+
+// endUnadopted ends a stream whose loop stopped before it could adopt it,
+// on a goroutine of its own: server_closing if it was told to close, the
+// end of the body, and the connection.
+func (s *stream) endUnadopted(tk *tconn) {
+	var to sink = connSink{tk.tls}
+	if tk.tls == nil {
+		to = &fdSink{fd: tk.sock()}
+	}
+	cw := &connWriter{to: to, timeout: lastWordsTimeout}
+	s.out = cw
+	var err error
+	if n := s.closing.Load(); n != nil {
+		err = s.writeClosing(n)
+	}
+	if err == nil {
+		err = cw.end()
+	}
+	s.releaseAdmission()
+	tk.closeConn()
+	s.finish(context.Background(), errors.Join(err, errStopping))
+	s.release()
 }
 
 // closeConn closes the stream's connection: our descriptor, or a TLS
@@ -415,12 +439,24 @@ func (l *pollLoop) run() {
 // poll waits for the connections' events and hands them to the loop,
 // waiting until it has handled them (level-triggered events would come
 // back otherwise).
+//
+// It ends once the loop is stopped: shutdown closes stop, then makes the
+// eventfd readable, which it leaves so (level-triggered: every
+// epoll_wait returns at once from then on), and endAll waits for poll to
+// have ended before it closes the descriptors poll waits on (closing an
+// epoll instance does not wake a thread blocked on it).
 func (l *pollLoop) poll() {
+	defer close(l.polled)
 	buf := make([]unix.EpollEvent, 256)
 	for {
 		n, err := unix.EpollWait(l.epfd, buf, -1)
 		if err != nil && !errors.Is(err, unix.EINTR) {
-			return // the loop closed its epoll instance
+			return
+		}
+		select {
+		case <-l.stop:
+			return
+		default:
 		}
 		if n <= 0 {
 			continue
@@ -449,9 +485,7 @@ const wakeToken = 0
 
 func (l *pollLoop) handle(ev unix.EpollEvent) {
 	if eventToken(ev) == wakeToken {
-		var buf [8]byte // stopping: poll sees stop next
-		_, _ = unix.Read(l.wakefd, buf[:])
-		return
+		return // stopping: left readable, so that poll wakes and sees stop
 	}
 	l.mu.Lock()
 	s := l.byToken[eventToken(ev)]
@@ -715,6 +749,7 @@ func (l *pollLoop) endOnGoroutine(r slowResult) {
 		return
 	}
 	delete(l.byToken, tk.token)
+	r.s.releaseAdmission()
 	tk.closeConn()
 	l.mu.Unlock()
 	l.count.Add(-1)
@@ -803,6 +838,7 @@ func (l *pollLoop) end(s *stream, err error) {
 	l.mu.Lock()
 	delete(l.byToken, tk.token)
 	l.mu.Unlock()
+	s.releaseAdmission() // before the client sees the end: it may come back at once
 	tk.closeConn()
 	tk.pending = nil
 	l.count.Add(-1)
@@ -838,6 +874,11 @@ func (l *pollLoop) endAll() {
 	l.mu.Unlock()
 	for _, s := range streams {
 		l.end(s, errStopping)
+	}
+	select {
+	case <-l.polled: // woken by shutdown's write to the eventfd
+	case <-time.After(4 * time.Second):
+		return // it is stuck: its descriptors stay, rather than be reused under it
 	}
 	unix.Close(l.epfd)
 	unix.Close(l.wakefd)
