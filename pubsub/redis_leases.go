@@ -46,9 +46,12 @@ type redisLease struct {
 	once      sync.Once
 }
 
+// acquireLease takes a lease unless limit are held; ARGV[5..] are leases
+// of the key this instance released and has not removed yet.
 var acquireLease = redis.NewScript(`
 local now = tonumber(ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+for i = 5, #ARGV do redis.call('ZREM', KEYS[1], ARGV[i]) end
 local limit = tonumber(ARGV[2])
 if limit > 0 and redis.call('ZCARD', KEYS[1]) >= limit then return 0 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[4])
@@ -80,8 +83,8 @@ func (r *RedisLeases) Acquire(ctx context.Context, principal string, limit int, 
 	}
 	l := &redisLease{of: r, key: r.key(principal), principal: principal, ttl: ttl,
 		member: r.instance + ":" + strconv.FormatUint(r.seq.Add(1), 36)}
-	ok, err := acquireLease.Run(ctx, r.b.client, []string{l.key},
-		time.Now().UnixMilli(), limit, ttl.Milliseconds(), l.member).Int()
+	args := append([]any{time.Now().UnixMilli(), limit, ttl.Milliseconds(), l.member}, r.releasedOf(l.key)...)
+	ok, err := acquireLease.Run(ctx, r.b.client, []string{l.key}, args...).Int()
 	if err != nil {
 		return nil, r.b.classify(err)
 	}
@@ -103,6 +106,24 @@ func (r *RedisLeases) Acquire(ctx context.Context, principal string, limit int, 
 		go r.maintain()
 	}
 	return l, nil
+}
+
+// releasedOf returns the members of key's leases released here and not yet
+// removed from Redis (maintain removes them soon, in the background): an
+// Acquire removes them first, so that a stream that reconnects at once (a
+// reload's server_closing with retry 0) is not refused by the lease of the
+// stream it replaces. They stay in released: a renewal under way may put
+// one back, and maintain removes it again then.
+func (r *RedisLeases) releasedOf(key string) []any {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var members []any
+	for _, l := range r.released {
+		if l.key == key {
+			members = append(members, l.member)
+		}
+	}
+	return members
 }
 
 // Release gives the lease back (in the background).
