@@ -11,23 +11,29 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/caddy-sse/caddy-sse/internal/redistest"
 )
 
 // cappedRetryNowSite caps each principal at one stream and tells its streams
-// to come back at once (retry: 0) when it closes them.
-const cappedRetryNowSite = `
+// to come back at once (retry: 0) when it closes them; extra lines go into
+// the handler (e.g. a redis setting).
+func cappedRetryNowSite(extra string) string {
+	return `
 :{PORT} {
 	sse /events {
 		channel a
 		principal {query.user}
 		max_connections_per_principal 1
 		close_jitter off
+		` + extra + `
 		publish {
 			secret ` + testSecret + `
 		}
 	}
 }
 `
+}
 
 // An EventSource reconnects as soon as its stream ends (after retry: 0
 // here). A stream the server ended itself (server_closing on a reload) must
@@ -36,14 +42,21 @@ const cappedRetryNowSite = `
 // by its own old stream, and an EventSource gives up for good on a non-200
 // (SPEC S8: "reconnects with their cursor lose nothing").
 func TestReconnectAfterReloadIsNotRefusedByItsOwnLease(t *testing.T) {
-	srv := startCaddy(t, cappedRetryNowSite)
+	t.Run("embedded", func(t *testing.T) { testReconnectAfterReload(t, cappedRetryNowSite("")) })
+	t.Run("redis", func(t *testing.T) {
+		testReconnectAfterReload(t, cappedRetryNowSite("redis "+redistest.Start(t).URL()))
+	})
+}
+
+func testReconnectAfterReload(t *testing.T, site string) {
+	srv := startCaddy(t, site)
 	client := &http.Client{Transport: &http.Transport{DisableCompression: true}}
 	c := srv.subscribe("/events?user=u", nil)
 	c.comment("ok")
 	refused := 0
 	const rounds = 30
 	for i := range rounds {
-		srv.reload(cappedRetryNowSite)
+		srv.reload(site)
 		if ev := c.next(); ev.Type != "server_closing" || ev.Retry != 0 {
 			t.Fatalf("round %d: got %+v, want server_closing with retry 0", i, ev)
 		}
