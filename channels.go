@@ -144,7 +144,15 @@ func (t template) channels(r *http.Request, repl *caddy.Replacer, add func(strin
 		}
 		return nil
 	}
+	// an invalid item (400) is told only once every placeholder resolved:
+	// an unresolved one (403) comes first (SPEC S2 step 2)
 	var item channelItem
+	var invalid *rejection
+	keep := func(rej *rejection) {
+		if invalid == nil {
+			invalid = rej
+		}
+	}
 	for _, p := range t.parts {
 		value, ok := p.resolve(r, repl)
 		switch {
@@ -152,23 +160,20 @@ func (t template) channels(r *http.Request, repl *caddy.Replacer, add func(strin
 			pieces := strings.Split(value, ",")
 			item.text(pieces[0])
 			for _, piece := range pieces[1:] {
-				if rej := item.emit(add); rej != nil {
-					return rej
-				}
+				keep(item.emit(add))
 				item = channelItem{}
 				item.text(piece)
 			}
 		case !ok || strings.TrimSpace(value) == "":
 			return unresolved // a blank value names no channel: seed 002
 		case strings.Contains(value, ","):
-			if rej := item.list(t.raw, value); rej != nil {
-				return rej
-			}
+			keep(item.list(t.raw, value))
 		default:
 			item.text(value)
 		}
 	}
-	return item.emit(add)
+	keep(item.emit(add))
+	return invalid
 }
 
 // channelItem is one comma-separated item of a channel template as it is

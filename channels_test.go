@@ -50,6 +50,9 @@ func TestChannelTemplateListsKeepTheTemplatesText(t *testing.T) {
 		{[]string{"w:{http.request.header.X-Wallet}"}, "/", "channel_unresolved"},
 		{[]string{"{http.request.uri.query.x}", "{http.request.uri.query.y}"}, "/?x=a%7Bb", "channel_unresolved"}, // 403 before 400
 		{[]string{"{http.request.uri.query.x}", "{http.request.uri.query.y}"}, "/?x=a%7Bb&y=b", "channel_invalid"},
+		{[]string{"{http.request.uri.query.x},{http.request.uri.query.y}"}, "/?x=a%7Bb", "channel_unresolved"},
+		{[]string{"{http.request.uri.query.x}:{http.request.uri.query.y}"}, "/?x=a,,b", "channel_unresolved"},
+		{[]string{"{http.request.uri.query.x}:{http.request.uri.query.y}"}, "/?x=a,,b&y=c", "channel_invalid"},
 	}
 	for _, tc := range cases {
 		names, rej := expandChannels(t, tc.templates, tc.target, nil)

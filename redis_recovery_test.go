@@ -143,3 +143,20 @@ func TestDegradedReplayIsCountedOnce(t *testing.T) {
 		t.Errorf("caddy_sse_replays_truncated_total = %v, want 1", got)
 	}
 }
+
+// A fresh stream (no cursor) starts live: no replay (SPEC S4). The first
+// stream of an instance on a Redis channel makes the watcher's first sync
+// deliver the channel's newest event, which the head the stream started at
+// counts: it is dropped, not written.
+func TestFreshRedisStreamGetsNoOldEvent(t *testing.T) {
+	rds := redistest.Start(t)
+	srv := startCaddy(t, redisSite(rds.URL()))
+	// history on the channel before this instance watches it
+	srv.publishN("a", "old", 1, 3)
+	c := srv.subscribe("/events?channels=a", nil)
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
+	srv.publishN("a", "new", 1, 1)
+	if got := c.next().Data; got != "new1" {
+		t.Fatalf("a stream without a cursor got %q first (want new1: no replay)", got)
+	}
+}

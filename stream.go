@@ -60,7 +60,7 @@ type stream struct {
 	cursor []replay.ChannelPosition
 	// fresh marks the slots that started at their channel's head (the
 	// client's cursor did not name them) and have written nothing yet: see
-	// writeFresh.
+	// writeFresh and addSinceOpened.
 	fresh slotBits
 	// ids and buf format what the stream writes; an event loop lends a
 	// taken-over stream its own while it writes it (lendScratch), so that
@@ -404,24 +404,19 @@ func (s *stream) writeLive(ctx context.Context, q queued) (bool, error) {
 }
 
 // writeFresh writes a live event of a slot that started at its channel's
-// head and has written nothing yet, if the usual rules would drop it or end
-// the stream (done is false otherwise). Every event delivered to the slot
-// came after the stream subscribed, so it is the stream's even if the head
-// read when it started counts it already: the head is read after
-// subscribing, and a degraded stream reads it only once the backend is
-// back, with what it was delivered meanwhile queued. And a new epoch (the
-// history was lost after the head was read: a flush, an eviction) starts
-// the slot over from the epoch's first event instead of ending the stream,
-// since its client holds no position there that could be truncated.
+// head and has written nothing yet, if it is of another epoch than that
+// head (done is false otherwise: the usual rules apply). The history was
+// lost after the head was read (a flush, an eviction): the slot starts over
+// from the new epoch's first event instead of ending the stream, since its
+// client holds no position there that could be truncated. (An event of the
+// head's own epoch that the head counts is not written: the Redis watcher
+// delivers a channel's newest event when it starts watching it, and
+// re-delivers older ones when it repairs; a degraded stream gets what was
+// published since it opened from addSinceOpened.)
 func (s *stream) writeFresh(q queued, at replay.Position) (wrote bool, err error, done bool) {
 	pos := q.ev.Pos
 	switch {
-	case at.IsZero():
-		return false, nil, false
-	case pos.Epoch == at.Epoch:
-		if pos.Seq <= at.Seq {
-			return true, s.writeLiveEvent(q), true
-		}
+	case at.IsZero(), pos.Epoch == at.Epoch:
 		return false, nil, false
 	case pos.Seq == 1:
 		return true, s.writeLiveEvent(q), true
