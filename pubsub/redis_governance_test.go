@@ -350,3 +350,65 @@ func commandCalls(info, stat string) string {
 	}
 	return ""
 }
+
+// Acquire removes the leases this instance released and has not removed
+// yet (releasedOf), so that an immediate reconnect is not refused by the
+// lease of the stream it replaces — also while flushReleases is removing
+// them (it once took them out of sight before its ZREMs had run).
+func TestRedisLeaseAcquireRightAfterReleaseIsNotRefused(t *testing.T) {
+	srv := redistest.Start(t)
+	r := NewRedisLeases(newTestRedis(t, srv))
+	defer r.Close()
+	ctx := context.Background()
+	l, err := r.Acquire(ctx, "p", 1, 15*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := 0
+	const rounds = 3000
+	for range rounds {
+		l.Release()
+		var next Lease
+		for {
+			next, err = r.Acquire(ctx, "p", 1, 15*time.Second)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, ErrLimitReached) {
+				t.Fatal(err)
+			}
+			refused++
+			time.Sleep(time.Millisecond)
+		}
+		l = next
+	}
+	if refused > 0 {
+		t.Fatalf("%d of %d acquires right after the release of the principal's only lease were refused", refused, rounds)
+	}
+}
+
+// The same interleaving, made deterministic: maintain is kept from
+// starting, and the test plays flushReleases' part: it takes the released
+// leases, acquires, then removes them.
+func TestRedisLeaseAcquireDuringTheRemovalOfReleasesIsNotRefused(t *testing.T) {
+	srv := redistest.Start(t)
+	r := NewRedisLeases(newTestRedis(t, srv))
+	r.running = true // no maintain: the test plays its part
+	ctx := context.Background()
+	l, err := r.Acquire(ctx, "p", 1, 15*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Release()
+	// flushReleases, first half: the list is taken, the ZREMs not yet sent
+	taken := r.takeReleased()
+	_, err = r.Acquire(ctx, "p", 1, 15*time.Second)
+	// flushReleases, second half
+	for _, old := range taken {
+		srv.MustCLI("ZREM", old.key, old.member)
+	}
+	r.removed()
+	if err != nil {
+		t.Fatalf("an acquire while the release of the principal's only lease was being flushed: %v", err)
+	}
+}

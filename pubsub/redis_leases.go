@@ -29,6 +29,7 @@ type RedisLeases struct {
 	mu       sync.Mutex
 	held     map[*redisLease]struct{}
 	released []*redisLease
+	removing []*redisLease // released ones that flushReleases is removing now
 	ttl      time.Duration // the shortest ttl asked for: a third of it is the renewal period
 	running  bool
 	wake     chan struct{}
@@ -118,9 +119,11 @@ func (r *RedisLeases) releasedOf(key string) []any {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var members []any
-	for _, l := range r.released {
-		if l.key == key {
-			members = append(members, l.member)
+	for _, ls := range [][]*redisLease{r.released, r.removing} {
+		for _, l := range ls {
+			if l.key == key {
+				members = append(members, l.member)
+			}
 		}
 	}
 	return members
@@ -207,10 +210,8 @@ func (r *RedisLeases) renew() {
 }
 
 func (r *RedisLeases) flushReleases() {
-	r.mu.Lock()
-	released := r.released
-	r.released = nil
-	r.mu.Unlock()
+	released := r.takeReleased()
+	defer r.removed()
 	if len(released) == 0 {
 		return
 	}
@@ -224,6 +225,22 @@ func (r *RedisLeases) flushReleases() {
 		// they lapse within their ttl anyway
 		r.b.log.Debug("releasing connection leases failed", zap.Int("leases", len(released)), zap.Error(err))
 	}
+}
+
+// takeReleased takes the released leases for flushReleases to remove; until
+// it is done (removed), releasedOf still returns them.
+func (r *RedisLeases) takeReleased() []*redisLease {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.removing, r.released = r.released, nil
+	return r.removing
+}
+
+// removed marks the end of flushReleases' removal.
+func (r *RedisLeases) removed() {
+	r.mu.Lock()
+	r.removing = nil
+	r.mu.Unlock()
 }
 
 // Counts returns how many live leases each principal holds across every
