@@ -796,11 +796,12 @@ func (l *pollLoop) takeReturned() {
 			continue
 		}
 		l.watch(tk, unix.EPOLLIN|unix.EPOLLRDHUP)
-		if !r.s.degraded.Load() || r.s.hasQueued() {
-			// a degraded stream with nothing queued waits for the registry's
-			// ticker (it pokes it once the backend answers, and when a
-			// heartbeat is due) or a close: serviced at once, it would be
-			// lent to a goroutine again and again while the backend is down
+		if !r.s.degraded.Load() || r.s.hasQueued() || r.s.closing.Load() != nil || r.s.beatDue.Load() {
+			// a degraded stream with nothing to do waits for the registry's
+			// ticker (it pokes it once the backend answers) or a poke:
+			// serviced at once, it would be lent to a goroutine again and
+			// again while the backend is down. A close or a heartbeat that
+			// came while it was lent was not serviced (it was busy): now.
 			l.schedule(r.s)
 		}
 	}
