@@ -125,7 +125,7 @@ func (b *Redis) Publish(ctx context.Context, channel string, msg Message, lim re
 	default:
 		stop := b.watchStall()
 		reply, err = b.call(ctx, key, FunctionPublishOnce, false, args...)
-		stop()
+		stop(err)
 	}
 	if err != nil {
 		if (b.opts.FallbackLocal || fallbackLocalFrom(ctx)) && isUnavailable(err) {
@@ -168,7 +168,7 @@ func (b *Redis) publishAndWait(ctx context.Context, key string, args []any) (any
 	defer conn.Close()
 	stop := b.watchStall()
 	reply, err := b.callOn(ctx, conn, node, key, FunctionPublishOnce, false, args...)
-	stop()
+	stop(err)
 	if err != nil {
 		return nil, err
 	}

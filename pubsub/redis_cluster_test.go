@@ -282,3 +282,54 @@ func TestRedisClusterFailoverToReplicaOfADeadPrimary(t *testing.T) {
 		}
 	}
 }
+
+// In a cluster whose one primary hangs, publishing to the others goes on:
+// the hung primary's stalled publish marks Redis down, but a publish to
+// another primary probes its own node, which answers (probes were once one
+// for the whole cluster, and a healthy shard's publish was failed by the
+// hung one's).
+func TestRedisClusterPublishGoesOnWhileOnePrimaryHangs(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: cluster.Addrs(), ReadTimeout: 500 * time.Millisecond})
+	hung, healthy := channelInSlot(t, 100), channelInSlot(t, 16000)
+	publishTo(t, hub, hung, "before")
+	publishTo(t, hub, healthy, "before")
+	node := cluster.NodeOfSlot(t, redistest.SlotOf(hung))
+	node.Pause()
+	defer node.Resume()
+	go func() { _, _ = hub.Publish(context.Background(), hung, Message{Data: []byte("stalls")}, testLimits) }()
+	began := time.Now()
+	for broker.Available() {
+		if time.Since(began) > 3*time.Second {
+			t.Fatal("Redis not marked down by a publish that got no answer")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// a publish to the hung primary probes it (the probe waits a read
+	// timeout); one to a healthy primary meanwhile probes its own
+	go func() { _, _ = hub.Publish(context.Background(), hung, Message{Data: []byte("probes")}, testLimits) }()
+	time.Sleep(50 * time.Millisecond) // that probe is under way
+	if _, err := hub.Publish(context.Background(), healthy, Message{Data: []byte("goes on")}, testLimits); err != nil {
+		t.Fatalf("a publish to a healthy primary while another hangs: %v", err)
+	}
+}
+
+// A publish answered just before its stall watch fires leaves Redis up: the
+// watch may fire between the answer (which marks Redis up) and its stop.
+func TestRedisStallWatchAfterTheAnswerLeavesRedisUp(t *testing.T) {
+	srv := redistest.Start(t)
+	b, err := NewRedis(RedisOptions{Addrs: []string{srv.Addr()}, ReadTimeout: 20 * time.Millisecond}, func(string, *replay.Event) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	stop := b.watchStall()
+	b.classify(nil) // the call's answer
+	for b.Available() {
+		time.Sleep(5 * time.Millisecond) // the watch fires
+	}
+	stop(nil)
+	if !b.Available() {
+		t.Fatal("Redis left down after a publish that was answered")
+	}
+}

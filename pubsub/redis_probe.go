@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Publishing fails fast while Redis is known not to answer. Without this,
@@ -27,10 +30,10 @@ import (
 // probeWait is the longest a publish waits for a probe while Redis is down.
 const probeWait = 100 * time.Millisecond
 
-// probes runs one probe of Redis at a time.
+// probes runs one probe of each Redis node at a time.
 type probes struct {
 	mu      sync.Mutex
-	running *probe
+	running map[string]*probe // by node address
 }
 
 type probe struct {
@@ -40,13 +43,19 @@ type probe struct {
 }
 
 // reachable reports whether a publish to key should be sent to Redis: at
-// once while Redis is up; while it is down, if a probe gets an answer
-// within probeWait (the probe under way, or a new one).
+// once while Redis is up; while it is down, if a probe of the node that
+// serves key gets an answer within probeWait (the probe of that node under
+// way, or a new one). Probes are per node: in a cluster whose one primary
+// hangs, a publish to another primary is not failed by that one's probe.
 func (b *Redis) reachable(ctx context.Context, key string) bool {
 	if b.up.Load() {
 		return true
 	}
-	p := b.probes.start(func() bool { return b.ping(key) })
+	node, err := b.nodeFor(ctx, key)
+	if err != nil {
+		return false
+	}
+	p := b.probes.start(node.Options().Addr, func() bool { return b.ping(node) })
 	wait := probeWait - time.Since(p.started)
 	if wait <= 0 {
 		return false
@@ -63,47 +72,61 @@ func (b *Redis) reachable(ctx context.Context, key string) bool {
 	}
 }
 
-// start returns the probe under way, or starts one that runs ping.
-func (ps *probes) start(ping func() bool) *probe {
+// start returns the probe of addr under way, or starts one that runs ping.
+func (ps *probes) start(addr string, ping func() bool) *probe {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	if ps.running != nil {
-		return ps.running
+	if p := ps.running[addr]; p != nil {
+		return p
+	}
+	if ps.running == nil {
+		ps.running = make(map[string]*probe)
 	}
 	p := &probe{started: time.Now(), done: make(chan struct{})}
-	ps.running = p
+	ps.running[addr] = p
 	go func() {
 		p.ok = ping()
 		ps.mu.Lock()
-		ps.running = nil
+		delete(ps.running, addr)
 		ps.mu.Unlock()
 		close(p.done)
 	}()
 	return p
 }
 
-// ping asks the primary of key for a PONG, within one read timeout (no
-// retry cycle), and records whether Redis answered.
-func (b *Redis) ping(key string) bool {
+// ping asks node for a PONG, within one read timeout (no retry cycle), and
+// records whether Redis answered.
+func (b *Redis) ping(node *redis.Client) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), b.opts.attemptTimeout())
 	defer cancel()
-	node, err := b.nodeFor(ctx, key)
-	if err == nil {
-		err = node.Ping(ctx).Err()
-	}
-	return b.classify(err) == nil
+	return b.classify(node.Ping(ctx).Err()) == nil
 }
 
 // errStalled is why a publish call marked Redis down before go-redis gave up.
 var errStalled = errors.New("a publish got no answer within read_timeout")
 
 // watchStall marks Redis down if the call that it is called for takes
-// longer than one attempt may: stop ends the watch.
-func (b *Redis) watchStall() (stop func()) {
+// longer than one attempt may. stop ends the watch with the call's error:
+// if the watch fired although the call was answered (it may fire between
+// the answer, which marks Redis up, and stop), Redis is marked up again.
+func (b *Redis) watchStall() (stop func(err error)) {
 	limit := b.opts.readTimeout()
 	if limit <= 0 {
-		return func() {}
+		return func(error) {}
 	}
-	t := time.AfterFunc(limit, func() { b.setUp(false, errStalled) })
-	return func() { t.Stop() }
+	const waiting, done, stalled = 0, 1, 2
+	var state atomic.Int32
+	t := time.AfterFunc(limit, func() {
+		if state.CompareAndSwap(waiting, stalled) {
+			b.setUp(false, errStalled)
+		}
+	})
+	return func(err error) {
+		t.Stop()
+		var reply redis.Error
+		answered := err == nil || errors.As(err, &reply)
+		if !state.CompareAndSwap(waiting, done) && answered {
+			b.setUp(true, nil)
+		}
+	}
 }
