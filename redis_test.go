@@ -364,12 +364,7 @@ func TestRedisSentinelWithPasswords(t *testing.T) {
 	waitReplicaHas(t, s.Replica, "sse:{p}:s", "1")
 	s.Primary.Kill()
 	deadline := time.Now().Add(30 * time.Second)
-	for s.MasterPort(t) != s.Replica.Port {
-		if time.Now().After(deadline) {
-			t.Fatal("no failover")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	s.WaitFailedOver(t, deadline)
 	for {
 		status, body := srv.post("/events", "application/json", mustJSON(t, map[string]any{"channel": "p", "data": "two"}), nil)
 		if status == http.StatusOK {
@@ -428,12 +423,7 @@ func TestRedisFailoverLosingAnEventIsTruncation(t *testing.T) {
 	s.Primary.Kill()
 	s.Replica.Resume()
 	deadline := time.Now().Add(30 * time.Second)
-	for s.MasterPort(t) != s.Replica.Port {
-		if time.Now().After(deadline) {
-			t.Fatal("no failover")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	s.WaitFailedOver(t, deadline)
 	// the new primary gives the lost event's seq to a new event
 	for {
 		status, _ := srv.post("/events", "application/json", mustJSON(t, map[string]any{"channel": "f", "data": "new"}), nil)

@@ -155,12 +155,7 @@ func TestRedisSentinelFailover(t *testing.T) {
 
 	s.Primary.Kill()
 	deadline := time.Now().Add(30 * time.Second)
-	for s.MasterPort(t) != s.Replica.Port {
-		if time.Now().After(deadline) {
-			t.Fatal("sentinel did not fail over")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	s.WaitFailedOver(t, deadline)
 	var after replay.Position
 	for {
 		pos, err := pub.Publish(context.Background(), "f", Message{Data: []byte("after")}, testLimits)

@@ -455,6 +455,18 @@ func (s *Sentinel) MasterPort(t testing.TB) int {
 	return port
 }
 
+// WaitFailedOver waits until the sentinel names the replica as the master
+// (a failover after the primary was killed), within deadline.
+func (s *Sentinel) WaitFailedOver(t testing.TB, deadline time.Time) {
+	t.Helper()
+	for s.MasterPort(t) != s.Replica.Port {
+		if time.Now().After(deadline) {
+			t.Fatal("the sentinel did not fail over")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // WaitShardSubscribers waits until n connections subscribe to the shard
 // channel (PUBSUB SHARDNUMSUB); the module subscribes asynchronously.
 func (s *Server) WaitShardSubscribers(t testing.TB, channel string, n int) {
