@@ -13,8 +13,9 @@ import (
 // regenerate them with UPDATE_EVAL_SCRIPTS=1 go test ./pubsub/ -run EvalScriptsAreCurrent.
 func TestEvalScriptsAreCurrent(t *testing.T) {
 	for file, function := range map[string]string{
-		"redis_eval_publish.lua": FunctionPublish,
-		"redis_eval_read.lua":    FunctionRead,
+		"redis_eval_publish.lua":      FunctionPublish,
+		"redis_eval_publish_once.lua": FunctionPublishOnce,
+		"redis_eval_read.lua":         FunctionRead,
 	} {
 		want := evalScript(function)
 		if os.Getenv("UPDATE_EVAL_SCRIPTS") != "" {
@@ -42,10 +43,18 @@ func TestRedisWithoutFunctions(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv.MustCLI("EVAL", string(script), "1", "sse:{s}", "t", "via EVAL")
-	got := rec.waitFor(t, 0, 2)
+	// the publish-once form: the same token twice is one event
+	once, err := os.ReadFile("redis_eval_publish_once.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		srv.MustCLI("EVAL", string(once), "1", "sse:{s}", "tok-1", "30000", "t", "once via EVAL")
+	}
+	got := rec.waitFor(t, 0, 3)
 	assertContiguous(t, got, first.Seq)
 	page, err := hub.Read(context.Background(), "s", &first, 10)
-	if err != nil || len(page.Events) != 1 || dataOf(page.Events[0]) != "via EVAL" {
+	if err != nil || len(page.Events) != 2 || dataOf(page.Events[0]) != "via EVAL" || dataOf(page.Events[1]) != "once via EVAL" {
 		t.Fatalf("read: %+v %v", page, err)
 	}
 }

@@ -1,0 +1,273 @@
+-- generated from redis.lua by caddy-sse (see redis_scripts.go); do not edit
+--[==[
+caddy-sse's Redis functions (Redis >= 7.0). Load once per primary with
+  redis-cli FUNCTION LOAD REPLACE "$(cat pubsub/redis.lua)"
+(caddy-sse loads it by itself when it first talks to a primary, and again
+whenever Redis answers that it is missing).
+
+A channel C with key prefix P ("sse:" by default) has the base key
+  B = P{C}                  e.g. sse:{orders}
+(the braces are a Redis Cluster hash tag: every key of a channel shares one
+slot), and:
+  B:s  a stream of the kept events; entry id "<time ms>-<seq>",
+       fields y (event type) and d (data)
+  B:m  a hash: e (epoch), s (last seq), t (last time ms),
+       b (bytes kept), a (max age ms)
+  B    the shard channel (SPUBLISH) that announces every event as
+       "<epoch>:<seq>:<time>:<type length>:<type><data>"
+B:s expires two max ages after the last event, B:m 7 days later. If B:m
+is missing, or B:s while the last event is younger than the max age, the
+channel's history is lost, and the next event starts a new epoch at seq 1,
+which tells every old cursor that its replay is truncated. A channel quiet
+for longer than its max age whose B:s expired keeps its epoch: every event
+it held was too old to replay anyway, so no cursor missed anything.
+
+FCALL sse_publish_v1 1 <B> <type> <data> [<count> [<max_age_ms> [<max_bytes>]]]
+  Appends the event, trims the history to count events / max age / bytes
+  (defaults 1000, 86400000, 4194304), announces it, and returns
+  {epoch, seq, time}. Each call publishes: a client that sends it again
+  after a timeout (go-redis retries by default) may publish twice.
+FCALL sse_publish_once_v1 1 <B> <token> <ttl_ms> <type> <data> [<count> [<max_age_ms> [<max_bytes>]]]
+  The same, at most once per token: the first call with a token publishes
+  and keeps its reply for ttl_ms under B:p:<token>; a later call with that
+  token (a retry of the same publish) returns the kept reply. caddy-sse
+  publishes with it, a random token per publish, so that the retries of a
+  call that timed out while Redis was stalled add no event.
+FCALL_RO sse_read_v1 1 <B> <limit> [<epoch> <seq> <time>]
+  Returns {epoch, seq, time, truncated, n, id1, type1, data1, ...}: the
+  channel's head, and the events after the given position by caddy-sse's
+  replay rules (only the head without a position).
+]==]
+
+local OVERHEAD = 64 -- what an entry costs besides its type and data
+local META_GRACE = 604800000 -- B:m outlives B:s by 7 days (ms)
+local MAX_TYPE = 200
+local RESERVED = { server_closing = true, sse_truncated = true, sse_rejected = true, sse_degraded = true }
+
+local function num(x)
+  return string.format('%.0f', x)
+end
+
+local function check_type(typ)
+  if #typ > MAX_TYPE then
+    return 'ERR sse: event type longer than 200 bytes'
+  end
+  if string.find(typ, '[\r\n%z]') then
+    return 'ERR sse: event type contains a line break or NUL'
+  end
+  if RESERVED[typ] then
+    return 'ERR sse: event type ' .. typ .. ' is reserved'
+  end
+  return nil
+end
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
+end
+
+local function parse_id(id)
+  local t, s = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(t), tonumber(s)
+end
+
+-- trim drops the oldest entries while the stream holds more than count
+-- events or bytes, or entries older than cutoff; it returns the bytes left.
+-- A publish usually drops no entry or one: it reads the oldest two first
+-- (turning 64 entries into Lua tables made a publish cost Redis 69 us),
+-- and more at a time only while whole batches go.
+local function trim(skey, count, max_bytes, cutoff, bytes)
+  local len = redis.call('XLEN', skey)
+  local keep_from = nil
+  local dropped = 0
+  local start = '-'
+  local want = 2
+  while len > 0 and keep_from == nil do
+    local batch = redis.call('XRANGE', skey, start, '+', 'COUNT', want)
+    if #batch == 0 then break end
+    for _, entry in ipairs(batch) do
+      local t = parse_id(entry[1])
+      if len > count or bytes > max_bytes or t < cutoff then
+        local f = entry[2]
+        local size = OVERHEAD
+        for i = 2, #f, 2 do size = size + #f[i] end
+        bytes = bytes - size
+        len = len - 1
+        dropped = dropped + 1
+      else
+        keep_from = entry[1]
+        break
+      end
+    end
+    if keep_from == nil then
+      start = '(' .. batch[#batch][1]
+      want = math.min(want * 4, 64)
+    end
+  end
+  if dropped > 0 then
+    if keep_from then
+      redis.call('XTRIM', skey, 'MINID', keep_from)
+    else
+      redis.call('XTRIM', skey, 'MAXLEN', 0)
+    end
+  end
+  if bytes < 0 then bytes = 0 end
+  return bytes
+end
+
+local function publish(keys, args)
+  local base = keys[1]
+  local typ, data = args[1] or '', args[2] or ''
+  local count = tonumber(args[3] or '') or 1000
+  local max_age = tonumber(args[4] or '') or 86400000
+  local max_bytes = tonumber(args[5] or '') or 4194304
+  local err = check_type(typ)
+  if err then return redis.error_reply(err) end
+  if count < 1 or max_age < 1 or max_bytes < 1 then
+    return redis.error_reply('ERR sse: count, max_age_ms and max_bytes must be positive')
+  end
+  if #data + #typ + OVERHEAD > max_bytes then
+    return redis.error_reply('ERR sse: event larger than max_bytes')
+  end
+
+  local skey, mkey = base .. ':s', base .. ':m'
+  local meta = redis.call('HMGET', mkey, 'e', 's', 't', 'b', 'a')
+  local epoch, seq, last, bytes = tonumber(meta[1]), tonumber(meta[2]), tonumber(meta[3]), tonumber(meta[4])
+  local kept_age = tonumber(meta[5]) or max_age
+  local now, clock = now_ms()
+  local lost = epoch == nil or seq == nil or last == nil
+  if not lost and redis.call('EXISTS', skey) == 0 then
+    if now - last >= kept_age then
+      -- the stream expired on a quiet channel (or went when every event in
+      -- it was older than the max age): nothing a cursor could replay is
+      -- gone, so the epoch goes on, and open streams miss nothing
+      bytes = 0
+    else
+      lost = true -- evicted, flushed or failed over with events in it
+    end
+  end
+  if lost then
+    -- a new channel, or its history was lost: start a new epoch so that
+    -- old cursors are told
+    redis.call('DEL', skey, mkey)
+    epoch = (tonumber(clock[1]) * 1000000 + tonumber(clock[2])) % 4294967296
+    if epoch == 0 then epoch = 1 end
+    seq, last, bytes = 0, 0, 0
+  end
+  seq = seq + 1
+  local t = math.max(now, last)
+  local id = num(t) .. '-' .. num(seq)
+  redis.call('XADD', skey, id, 'y', typ, 'd', data)
+  bytes = trim(skey, count, max_bytes, now - max_age, (bytes or 0) + #typ + #data + OVERHEAD)
+  redis.call('HSET', mkey, 'e', num(epoch), 's', num(seq), 't', num(t), 'b', num(bytes), 'a', num(max_age))
+  redis.call('PEXPIRE', skey, 2 * max_age)
+  redis.call('PEXPIRE', mkey, 2 * max_age + META_GRACE)
+  redis.call('SPUBLISH', base, num(epoch) .. ':' .. num(seq) .. ':' .. num(t) .. ':' .. #typ .. ':' .. typ .. data)
+  return { num(epoch), num(seq), num(t) }
+end
+
+-- publish_once is publish at most once per token: a retry of a call (the
+-- same token) gets the first call's reply
+local function publish_once(keys, args)
+  local token, ttl = args[1] or '', tonumber(args[2] or '')
+  if token == '' or string.find(token, '[^%w_-]') or #token > 64 then
+    return redis.error_reply('ERR sse: the token must be 1 to 64 letters, digits, - or _')
+  end
+  if ttl == nil or ttl < 1 then
+    return redis.error_reply('ERR sse: ttl_ms must be positive')
+  end
+  local pkey = keys[1] .. ':p:' .. token
+  local kept = redis.call('GET', pkey)
+  if kept then
+    local e, s, t = string.match(kept, '^(%d+):(%d+):(%d+)$')
+    if e then return { e, s, t } end
+  end
+  local reply = publish(keys, { args[3], args[4], args[5], args[6], args[7] })
+  if type(reply) == 'table' and reply[1] ~= nil then
+    redis.call('SET', pkey, reply[1] .. ':' .. reply[2] .. ':' .. reply[3], 'PX', ttl)
+  end
+  return reply
+end
+
+-- the read side: caddy-sse's replay rules (SPEC S5), the same as
+-- replay.Select of its in-memory log
+
+local function flat(out, entries)
+  for _, entry in ipairs(entries) do
+    local f = entry[2]
+    local typ, data = '', ''
+    for i = 1, #f, 2 do
+      if f[i] == 'y' then typ = f[i + 1] elseif f[i] == 'd' then data = f[i + 1] end
+    end
+    out[#out + 1] = entry[1]
+    out[#out + 1] = typ
+    out[#out + 1] = data
+  end
+  return out
+end
+
+local function result(head, truncated, entries)
+  local out = { num(head[1]), num(head[2]), num(head[3]), truncated and 1 or 0, #entries }
+  return flat(out, entries)
+end
+
+local function newest(skey, floor, limit, head)
+  local rev = redis.call('XREVRANGE', skey, '+', floor, 'COUNT', limit)
+  local entries = {}
+  for i = #rev, 1, -1 do entries[#entries + 1] = rev[i] end
+  return result(head, true, entries)
+end
+
+local function tail(skey, start, floor, limit, head)
+  local entries = redis.call('XRANGE', skey, start, '+', 'COUNT', limit + 1)
+  if #entries > limit then return newest(skey, floor, limit, head) end
+  return result(head, false, entries)
+end
+
+local function read(keys, args)
+  local base = keys[1]
+  local limit = tonumber(args[1])
+  local now = now_ms()
+  local has_after = args[2] ~= nil
+  local ae, as, at = tonumber(args[2] or '0'), tonumber(args[3] or '0'), tonumber(args[4] or '0')
+  local skey, mkey = base .. ':s', base .. ':m'
+  local meta = redis.call('HMGET', mkey, 'e', 's', 't', 'a')
+  local e, s, t, a = tonumber(meta[1]), tonumber(meta[2]), tonumber(meta[3]), tonumber(meta[4])
+  if e == nil or s == nil or t == nil then
+    -- no history: the head is the zero position
+    local truncated = has_after and not (ae == 0 and as == 0)
+    return result({ 0, 0, 0 }, truncated, {})
+  end
+  local head = { e, s, t }
+  if not has_after then return result(head, false, {}) end
+
+  -- events older than the max age are no longer retained
+  local floor = '-'
+  if a and a > 0 then floor = num(math.max(now - a, 0)) .. '-0' end
+  local first = redis.call('XRANGE', skey, floor, '+', 'COUNT', 1)[1]
+  local first_t, first_s
+  if first then first_t, first_s = parse_id(first[1]) end
+
+  if ae == 0 and as == 0 then
+    if first and first_s == 1 then return tail(skey, floor, floor, limit, head) end
+    return newest(skey, floor, limit, head)
+  end
+  if ae ~= e or as > s then return newest(skey, floor, limit, head) end
+  if as == s then
+    if at ~= t then return newest(skey, floor, limit, head) end
+    return result(head, false, {})
+  end
+  if not first or first_s > as + 1 then return newest(skey, floor, limit, head) end
+  local id = num(at) .. '-' .. num(as)
+  if as >= first_s then
+    -- the event at the cursor must still be the one the client saw
+    if #redis.call('XRANGE', skey, id, id) == 0 then return newest(skey, floor, limit, head) end
+  elseif first_t < at then
+    -- the event after the cursor cannot be older than the cursor's
+    return newest(skey, floor, limit, head)
+  end
+  return tail(skey, '(' .. id, floor, limit, head)
+end
+
+
+return publish_once(KEYS, ARGV)
