@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -71,7 +72,7 @@ func (h *Handler) takeOver(w http.ResponseWriter, r *http.Request, s *stream) bo
 		}
 	}
 	if conn != nil {
-		cw := &connWriter{to: connSink{conn}, timeout: time.Duration(h.SlowClientTimeout)}
+		cw := &connWriter{to: connSink{conn, &s.closing}, timeout: time.Duration(h.SlowClientTimeout)}
 		s.out = cw
 		s.setHurry(hurryConn(conn))
 		go s.serveHijacked(conn, cw)
@@ -221,10 +222,20 @@ type sink interface {
 }
 
 // connSink writes to a connection, through Go's poller.
-type connSink struct{ net.Conn }
+type connSink struct {
+	net.Conn
+	// closing is the stream's: a write of a stream told to close has at
+	// most lastWordsTimeout, as hurryConn gives the one in flight then
+	closing *atomic.Pointer[closeNotice]
+}
 
 func (c connSink) writeBy(p []byte, deadline time.Time) error {
 	_ = c.SetWriteDeadline(deadline)
+	// after setting it: a close that comes after this look hurries the
+	// write (hurryConn) after the deadline above was set, so it wins
+	if c.closing.Load() != nil {
+		_ = c.SetWriteDeadline(time.Now().Add(lastWordsTimeout))
+	}
 	_, err := c.Write(p)
 	_ = c.SetWriteDeadline(time.Time{})
 	return err

@@ -301,7 +301,7 @@ func (l *pollLoop) adopt(s *stream, tk *tconn) {
 // on a goroutine of its own: server_closing if it was told to close, the
 // end of the body, and the connection.
 func (s *stream) endUnadopted(tk *tconn) {
-	var to sink = connSink{tk.tls}
+	var to sink = connSink{tk.tls, &s.closing}
 	if tk.tls == nil {
 		to = &fdSink{fd: tk.sock()}
 	}
@@ -712,7 +712,7 @@ func (l *pollLoop) lend(s *stream) streamWriter {
 	// takeReturned re-arms it, and a hang-up still there is reported then.
 	l.watch(tk, unix.EPOLLONESHOT)
 	if tk.bw == nil { // most cleartext streams never need it
-		var to sink = connSink{tk.tls} // hurried by hurryConn, set on adoption
+		var to sink = connSink{tk.tls, &s.closing} // hurried by hurryConn, set on adoption
 		if tk.tls == nil {
 			to = newFDSink(s, tk.sock())
 		}
