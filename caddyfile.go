@@ -2,6 +2,7 @@ package caddysse
 
 import (
 	"strconv"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -46,9 +47,11 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			url <url> | addresses <host:port>...
 //			cluster                     # force cluster mode for one endpoint
 //			sentinel <master-name>      # addresses are then Sentinels
+//			sentinel_username <user>    # the Sentinels' own credentials
+//			sentinel_password <password>
 //			username <user>
 //			password <password>         # e.g. {env.REDIS_PASSWORD}
-//			db <n>
+//			db <n>                      # default 0
 //			tls [<ca-file>]
 //			prefix <prefix>             # default sse:
 //			wait_replicas <n> [<timeout>]
@@ -90,7 +93,13 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, name string) err
 		h.Channels = append(h.Channels, args...)
 		return nil
 	case "namespace":
-		return oneString(d, &h.Namespace)
+		if err := oneString(d, &h.Namespace); err != nil {
+			return err
+		}
+		if err := validateNamespace(h.Namespace); err != nil {
+			return d.Err(err.Error())
+		}
+		return nil
 	case "heartbeat":
 		return durationOrOff(d, &h.Heartbeat)
 	case "retry":
@@ -131,9 +140,9 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, name string) err
 		h.Redis = new(RedisConfig)
 		return h.Redis.unmarshalCaddyfile(d)
 	case "fallback":
-		return oneString(d, &h.Fallback)
+		return oneOf(d, &h.Fallback, fallbackLocal)
 	case "writer":
-		return oneString(d, &h.Writer)
+		return oneOf(d, &h.Writer, writerNetHTTP, writerTakeover)
 	default:
 		return d.Errf("unrecognized sse subdirective %q", name)
 	}
@@ -174,7 +183,11 @@ func (h *Handler) unmarshalPublish(d *caddyfile.Dispenser) error {
 		return d.ArgErr()
 	}
 	h.Publish = new(PublishConfig)
+	seen := map[string]bool{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if err := onceIn(d, seen, "publish"); err != nil {
+			return err
+		}
 		switch d.Val() {
 		case "secret":
 			if err := oneString(d, &h.Publish.Secret); err != nil {
@@ -202,26 +215,67 @@ func oneString(d *caddyfile.Dispenser, dst *string) error {
 }
 
 func oneInt(d *caddyfile.Dispenser, dst *int) error {
+	name := d.Val()
 	var s string
 	if err := oneString(d, &s); err != nil {
 		return err
 	}
 	n, err := strconv.Atoi(s)
 	if err != nil || n <= 0 {
-		return d.Errf("%s: must be a positive integer, got %q", d.Val(), s)
+		return d.Errf("%s: must be a positive integer, got %q", name, s)
+	}
+	*dst = n
+	return nil
+}
+
+// oneOf reads a single argument that must be one of choices.
+func oneOf(d *caddyfile.Dispenser, dst *string, choices ...string) error {
+	name := d.Val()
+	if err := oneString(d, dst); err != nil {
+		return err
+	}
+	for _, c := range choices {
+		if *dst == c {
+			return nil
+		}
+	}
+	return d.Errf("%s: %q is not one of %s", name, *dst, strings.Join(choices, ", "))
+}
+
+// onceIn refuses a subdirective given twice in one block: the later one
+// would silently win.
+func onceIn(d *caddyfile.Dispenser, seen map[string]bool, block string) error {
+	if seen[d.Val()] {
+		return d.Errf("%s: %s is given more than once", block, d.Val())
+	}
+	seen[d.Val()] = true
+	return nil
+}
+
+// oneNonNegative reads a single integer that may be 0.
+func oneNonNegative(d *caddyfile.Dispenser, dst *int) error {
+	name := d.Val()
+	var s string
+	if err := oneString(d, &s); err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return d.Errf("%s: must be a non-negative integer, got %q", name, s)
 	}
 	*dst = n
 	return nil
 }
 
 func oneDuration(d *caddyfile.Dispenser, dst *caddy.Duration) error {
+	name := d.Val()
 	var s string
 	if err := oneString(d, &s); err != nil {
 		return err
 	}
 	v, err := caddy.ParseDuration(s)
 	if err != nil || v <= 0 {
-		return d.Errf("must be a positive duration, got %q", s)
+		return d.Errf("%s: must be a positive duration, got %q", name, s)
 	}
 	*dst = caddy.Duration(v)
 	return nil
@@ -240,13 +294,14 @@ func durationOrOff(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 }
 
 func oneSize(d *caddyfile.Dispenser, dst *int64) error {
+	name := d.Val()
 	var s string
 	if err := oneString(d, &s); err != nil {
 		return err
 	}
 	v, err := humanize.ParseBytes(s)
 	if err != nil || v == 0 || v > 1<<40 {
-		return d.Errf("must be a positive size such as 64KiB, got %q", s)
+		return d.Errf("%s: must be a positive size such as 64KiB, got %q", name, s)
 	}
 	*dst = int64(v)
 	return nil

@@ -43,6 +43,15 @@ func validateChannelName(name string) error {
 	return nil
 }
 
+// validateNamespace checks a namespace: a valid channel name without ':'
+// (it is followed by one in every channel it prefixes).
+func validateNamespace(ns string) error {
+	if err := validateChannelName(ns); err != nil || strings.Contains(ns, ":") {
+		return fmt.Errorf("namespace %q: must be a valid channel name without ':'", ns)
+	}
+	return nil
+}
+
 // rejection is a refused request: status, error code and, for temporary
 // refusals, how long to wait.
 type rejection struct {

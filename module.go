@@ -46,6 +46,7 @@ const (
 	DefaultSlowClientTimeout = 30 * time.Second
 	DefaultThrottle          = 60 * time.Second
 	DefaultLeaseTTL          = 15 * time.Second
+	minLeaseTTL              = 100 * time.Millisecond
 )
 
 // Handler serves Server-Sent Events: a GET (or HEAD) opens a stream of the
@@ -434,8 +435,8 @@ func (h *Handler) Validate() error {
 		return errors.New("fallback local needs redis: the embedded hub has nothing to fall back from")
 	}
 	if h.Namespace != "" {
-		if err := validateChannelName(h.Namespace); err != nil || strings.Contains(h.Namespace, ":") {
-			return fmt.Errorf("namespace %q: must be a valid channel name without ':'", h.Namespace)
+		if err := validateNamespace(h.Namespace); err != nil {
+			return err
 		}
 	}
 	return h.validateLimits()
@@ -461,7 +462,7 @@ func (h *Handler) validateLimits() error {
 		{h.MaxConnections >= 0, "max_connections must not be negative"},
 		{h.MaxConnectionsPerPrincipal >= 0, "max_connections_per_principal must not be negative"},
 		{h.MaxConnectionsPerPrincipal == 0 || h.Principal != "", "max_connections_per_principal needs a principal"},
-		{h.LeaseTTL > 0, "lease_ttl must be positive"},
+		{time.Duration(h.LeaseTTL) >= minLeaseTTL, "lease_ttl must be at least 100ms (leases are renewed every third of it)"},
 		{h.Rejections == rejectionsStatus || h.Rejections == rejectionsInStream, "rejections must be status or in_stream"},
 	}
 	for _, c := range checks {

@@ -1,6 +1,7 @@
 package caddysse
 
 import (
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -52,10 +53,12 @@ type RedisConfig struct {
 	// data nodes'. Placeholders are replaced at load.
 	SentinelPassword string `json:"sentinel_password,omitempty"`
 
-	// Username for Redis ACLs. Placeholders are replaced at load.
+	// Username is the ACL user of the data nodes. Placeholders are replaced
+	// at load.
 	Username string `json:"username,omitempty"`
 
-	// Password, e.g. {env.REDIS_PASSWORD}. Placeholders are replaced at load.
+	// Password is the data nodes' password, e.g. {env.REDIS_PASSWORD}.
+	// Placeholders are replaced at load.
 	Password string `json:"password,omitempty"`
 
 	// DB is the database number (not for clusters).
@@ -83,7 +86,7 @@ type RedisConfig struct {
 	// DialTimeout bounds connecting. Default: go-redis' own (5s).
 	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
 
-	// ReadTimeout bounds a read. Default: go-redis' own (3s).
+	// ReadTimeout bounds a read. Default: go-redis' own (5s).
 	ReadTimeout caddy.Duration `json:"read_timeout,omitempty"`
 
 	// WriteTimeout bounds a write. Default: go-redis' own (= ReadTimeout).
@@ -93,10 +96,12 @@ type RedisConfig struct {
 	// Default: go-redis' own (3).
 	MaxRetries int `json:"max_retries,omitempty"`
 
-	// MinRetryBackoff is the least wait before a retry. Default: go-redis'.
+	// MinRetryBackoff is the least wait before a retry. Default: go-redis'
+	// own (10ms).
 	MinRetryBackoff caddy.Duration `json:"min_retry_backoff,omitempty"`
 
-	// MaxRetryBackoff is the longest wait before a retry. Default: go-redis'.
+	// MaxRetryBackoff is the longest wait before a retry. Default: go-redis'
+	// own (1s).
 	MaxRetryBackoff caddy.Duration `json:"max_retry_backoff,omitempty"`
 
 	// CheckInterval is how often each instance compares the channels it
@@ -133,6 +138,9 @@ func (c *RedisConfig) redisOptions() (pubsub.RedisOptions, error) {
 	}
 	for _, a := range c.Addresses {
 		opts.Addrs = append(opts.Addrs, repl.ReplaceKnown(a, ""))
+	}
+	if c.URL != "" && len(c.Addresses) > 0 {
+		return opts, errors.New("redis: give a url or addresses, not both")
 	}
 	if c.URL != "" {
 		if err := applyURL(&opts, repl.ReplaceKnown(c.URL, "")); err != nil {
@@ -231,24 +239,43 @@ func validateRedisOptions(o pubsub.RedisOptions) error {
 	if o.WaitReplicas < 0 || o.PoolSize < 0 || o.DB < 0 {
 		return errors.New("redis: wait_replicas, pool_size and db must not be negative")
 	}
+	if o.MaxRetries < -1 {
+		return errors.New("redis: max_retries must be -1 (never) or more")
+	}
+	for name, d := range map[string]time.Duration{"wait_timeout": o.WaitTimeout, "dial_timeout": o.DialTimeout,
+		"read_timeout": o.ReadTimeout, "write_timeout": o.WriteTimeout, "min_retry_backoff": o.MinRetryBackoff,
+		"max_retry_backoff": o.MaxRetryBackoff, "check_interval": o.CheckInterval} {
+		if d < 0 {
+			return fmt.Errorf("redis: %s must not be negative", name)
+		}
+	}
 	return nil
 }
 
-// hubKey identifies a Redis hub in the pool: every setting, so that a
-// reload with the same settings keeps the hub (and its subscriptions) and a
-// reload with other settings gets a hub that uses them. Only Redis
-// settings: handler settings such as fallback local are not in the
-// options, so every handler on one Redis shares its hub (SPEC S1). The password is in
-// it only as part of an in-memory map key.
+// hubKey identifies a Redis hub in the pool: every setting as the broker
+// uses it (defaults filled in), so that a reload with the same settings
+// keeps the hub (and its subscriptions) and a reload with other settings
+// gets a hub that uses them. Only Redis settings: handler settings such as
+// fallback local are not in the options, so every handler with the same
+// Redis settings shares its hub (SPEC S1). The CA file is in it by its
+// contents too: a reload after the file was replaced trusts the new one.
+// The password is in it only as part of an in-memory map key.
 func hubKeyOf(o pubsub.RedisOptions, tlsCA string) string {
+	o = o.WithDefaults()
 	o.Logger = nil
 	tlsOn := o.TLS != nil
 	o.TLS = nil
+	caSum := ""
+	if tlsCA != "" {
+		pem, _ := os.ReadFile(caddy.NewReplacer().ReplaceKnown(tlsCA, "")) // read already by applyTLS
+		caSum = fmt.Sprintf("%x", sha256.Sum256(pem))
+	}
 	raw, _ := json.Marshal(struct {
 		pubsub.RedisOptions
-		TLS bool
-		CA  string
-	}{o, tlsOn, tlsCA})
+		TLS   bool
+		CA    string
+		CASum string
+	}{o, tlsOn, tlsCA, caSum})
 	return "redis " + string(raw)
 }
 
@@ -264,13 +291,20 @@ func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 		return nil
 	}
+	seen := map[string]bool{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if err := onceIn(d, seen, "redis"); err != nil {
+			return err
+		}
 		if err := c.unmarshalSubdirective(d, d.Val()); err != nil {
 			return err
 		}
 	}
-	if c.URL == "" && len(c.Addresses) == 0 {
+	switch {
+	case c.URL == "" && len(c.Addresses) == 0:
 		return d.Err("redis: give a url or addresses")
+	case c.URL != "" && len(c.Addresses) > 0:
+		return d.Err("redis: give a url or addresses, not both")
 	}
 	return nil
 }
@@ -302,7 +336,7 @@ func (c *RedisConfig) unmarshalSubdirective(d *caddyfile.Dispenser, name string)
 	case "password":
 		return oneString(d, &c.Password)
 	case "db":
-		return oneInt(d, &c.DB)
+		return oneNonNegative(d, &c.DB)
 	case "tls":
 		c.TLS = &RedisTLS{}
 		if d.NextArg() {

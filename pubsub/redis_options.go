@@ -64,6 +64,16 @@ const (
 	DefaultRepairLimit   = 10000
 )
 
+// WithDefaults returns the options with the defaults filled in, as the
+// broker uses them (the Logger left as it is): two option sets that differ
+// only in a default written out or left out are the same.
+func (o RedisOptions) WithDefaults() RedisOptions {
+	logger := o.Logger
+	o.applyDefaults()
+	o.Logger = logger
+	return o
+}
+
 func (o *RedisOptions) applyDefaults() {
 	if o.Prefix == "" {
 		o.Prefix = DefaultRedisPrefix
@@ -87,7 +97,7 @@ func (o *RedisOptions) applyDefaults() {
 // apart (every attempt's dial, write and read timeouts and backoff), and
 // at least 30 s.
 func (o *RedisOptions) publishOnceTTL() time.Duration {
-	backoff := orDefault(o.MaxRetryBackoff, 512*time.Millisecond)
+	backoff := orDefault(o.MaxRetryBackoff, time.Second) // go-redis v9's default
 	retries := o.MaxRetries
 	switch {
 	case retries == 0:
@@ -99,10 +109,10 @@ func (o *RedisOptions) publishOnceTTL() time.Duration {
 	return max(30*time.Second, window)
 }
 
-// readTimeout is go-redis' read timeout for these options (3 s unless
-// set); 0 if reads have none.
+// readTimeout is go-redis' read timeout for these options (5 s unless
+// set: go-redis v9's default); 0 if reads have none.
 func (o *RedisOptions) readTimeout() time.Duration {
-	return orDefault(o.ReadTimeout, 3*time.Second)
+	return orDefault(o.ReadTimeout, 5*time.Second)
 }
 
 // attemptTimeout bounds one attempt of a command: dial, write, read.

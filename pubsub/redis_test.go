@@ -757,7 +757,7 @@ func TestPublishOnceTTLCoversTheRetries(t *testing.T) {
 		opts RedisOptions
 		want time.Duration
 	}{
-		{RedisOptions{}, 4*(5+3+3)*time.Second + 3*512*time.Millisecond},
+		{RedisOptions{}, 4*(5+5+5)*time.Second + 3*time.Second}, // go-redis v9: dial 5 s, read 5 s, write = read, backoff up to 1 s
 		{RedisOptions{DialTimeout: 300 * time.Millisecond, ReadTimeout: time.Second, MaxRetries: -1}, 30 * time.Second},
 		{RedisOptions{ReadTimeout: 10 * time.Second, MaxRetries: 5, MaxRetryBackoff: time.Second}, 6*(5+10+10)*time.Second + 5*time.Second},
 	} {
