@@ -341,7 +341,10 @@ func (h *Handler) provisionSecret() error {
 		return nil
 	}
 	secret, err := caddy.NewReplacer().ReplaceOrErr(h.Publish.Secret, true, true)
-	if err != nil || strings.TrimSpace(secret) == "" {
+	switch {
+	case err != nil && strings.Contains(err.Error(), "unrecognized placeholder"):
+		return fmt.Errorf("publish: the secret holds a placeholder that is not known at load (%v); only global ones such as {env.NAME} are replaced", err)
+	case err != nil || strings.TrimSpace(secret) == "":
 		return errors.New("publish: the secret is empty (is its environment variable set?); an empty secret would let anyone publish")
 	}
 	h.secret = []byte(secret)

@@ -340,3 +340,14 @@ func TestEmptySecretIsAConfigError(t *testing.T) {
 		t.Fatalf("error %q does not say the secret is empty", err)
 	}
 }
+
+// A secret with a placeholder unknown at load (a request placeholder, a
+// typo) is refused as such, not as an empty secret.
+func TestSecretWithAnUnknownPlaceholderIsAConfigError(t *testing.T) {
+	h := validHandler()
+	h.Publish = &PublishConfig{Secret: "{http.request.header.X-Secret}"}
+	err := h.provisionSecret()
+	if err == nil || !strings.Contains(err.Error(), "not known at load") {
+		t.Fatalf("error %v, want one saying the placeholder is not known at load", err)
+	}
+}
