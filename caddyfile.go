@@ -96,6 +96,9 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, name string) err
 		if err := oneString(d, &h.Namespace); err != nil {
 			return err
 		}
+		if h.Namespace == "" {
+			return nil // e.g. an unset {$TENANT}: no namespace
+		}
 		if err := validateNamespace(h.Namespace); err != nil {
 			return d.Err(err.Error())
 		}

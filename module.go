@@ -299,7 +299,7 @@ func (h *Handler) redisOptions() (*pubsub.RedisOptions, string, error) {
 	if h.Redis.TLS != nil {
 		caFile = h.Redis.TLS.CA
 	}
-	return &opts, hubKeyOf(opts, caFile), nil
+	return &opts, hubKeyOf(opts, caFile, h.Redis.caSum), nil
 }
 
 // hubLimits are the history bounds this handler publishes with.
@@ -343,7 +343,8 @@ func (h *Handler) provisionSecret() error {
 	secret, err := caddy.NewReplacer().ReplaceOrErr(h.Publish.Secret, true, true)
 	switch {
 	case err != nil && strings.Contains(err.Error(), "unrecognized placeholder"):
-		return fmt.Errorf("publish: the secret holds a placeholder that is not known at load (%v); only global ones such as {env.NAME} are replaced", err)
+		// not the placeholder itself: it is part of the secret
+		return errors.New("publish: the secret holds a placeholder that is not known at load; only global ones such as {env.NAME} are replaced")
 	case err != nil || strings.TrimSpace(secret) == "":
 		return errors.New("publish: the secret is empty (is its environment variable set?); an empty secret would let anyone publish")
 	}

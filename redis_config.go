@@ -26,6 +26,10 @@ import (
 // process with the same Redis settings shares one client and one set of
 // pub/sub connections, which survive config reloads.
 type RedisConfig struct {
+	// caSum is the checksum of the CA file as applyTLS read it, for the
+	// hub's key.
+	caSum string
+
 	// URL is a redis:// or rediss:// URL
 	// (redis://[user[:password]@]host[:port][/db]); global placeholders such
 	// as {env.REDIS_URL} are replaced when the config is loaded. Give either
@@ -61,8 +65,9 @@ type RedisConfig struct {
 	// Placeholders are replaced at load.
 	Password string `json:"password,omitempty"`
 
-	// DB is the database number (not for clusters).
-	DB int `json:"db,omitempty"`
+	// DB is the database number (not for clusters). Given, it wins over a
+	// database in the URL, 0 included.
+	DB *int `json:"db,omitempty"`
 
 	// TLS enables TLS (as does a rediss:// URL).
 	TLS *RedisTLS `json:"tls,omitempty"`
@@ -124,7 +129,7 @@ type RedisTLS struct {
 func (c *RedisConfig) redisOptions() (pubsub.RedisOptions, error) {
 	repl := caddy.NewReplacer()
 	opts := pubsub.RedisOptions{
-		Cluster: c.Cluster, MasterName: c.Sentinel, DB: c.DB, Prefix: c.Prefix,
+		Cluster: c.Cluster, MasterName: c.Sentinel, Prefix: c.Prefix,
 		WaitReplicas: c.WaitReplicas, WaitTimeout: time.Duration(c.WaitTimeout),
 		PoolSize: c.PoolSize, DialTimeout: time.Duration(c.DialTimeout),
 		ReadTimeout: time.Duration(c.ReadTimeout), WriteTimeout: time.Duration(c.WriteTimeout),
@@ -146,6 +151,9 @@ func (c *RedisConfig) redisOptions() (pubsub.RedisOptions, error) {
 		if err := applyURL(&opts, repl.ReplaceKnown(c.URL, "")); err != nil {
 			return opts, err
 		}
+	}
+	if c.DB != nil {
+		opts.DB = *c.DB
 	}
 	if err := c.applyTLS(&opts); err != nil {
 		return opts, err
@@ -180,9 +188,7 @@ func applyURL(opts *pubsub.RedisOptions, raw string) error {
 	if opts.Password == "" {
 		opts.Password = u.Password
 	}
-	if opts.DB == 0 {
-		opts.DB = u.DB
-	}
+	opts.DB = u.DB // the db setting, if given, is applied after this
 	if u.TLSConfig != nil && opts.TLS == nil {
 		opts.TLS = u.TLSConfig
 	}
@@ -206,6 +212,7 @@ func (c *RedisConfig) applyTLS(opts *pubsub.RedisOptions) error {
 	if err != nil {
 		return fmt.Errorf("redis: tls: reading the CA file: %v", err)
 	}
+	c.caSum = fmt.Sprintf("%x", sha256.Sum256(pem))
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(pem) {
 		return fmt.Errorf("redis: tls: no certificate in %s", c.TLS.CA)
@@ -242,34 +249,32 @@ func validateRedisOptions(o pubsub.RedisOptions) error {
 	if o.MaxRetries < -1 {
 		return errors.New("redis: max_retries must be -1 (never) or more")
 	}
-	for name, d := range map[string]time.Duration{"wait_timeout": o.WaitTimeout, "dial_timeout": o.DialTimeout,
-		"read_timeout": o.ReadTimeout, "write_timeout": o.WriteTimeout, "min_retry_backoff": o.MinRetryBackoff,
-		"max_retry_backoff": o.MaxRetryBackoff, "check_interval": o.CheckInterval} {
-		if d < 0 {
-			return fmt.Errorf("redis: %s must not be negative", name)
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"wait_timeout", o.WaitTimeout}, {"dial_timeout", o.DialTimeout}, {"read_timeout", o.ReadTimeout},
+		{"write_timeout", o.WriteTimeout}, {"min_retry_backoff", o.MinRetryBackoff},
+		{"max_retry_backoff", o.MaxRetryBackoff}, {"check_interval", o.CheckInterval}} {
+		if d.v < 0 {
+			return fmt.Errorf("redis: %s must not be negative", d.name)
 		}
 	}
 	return nil
 }
 
 // hubKey identifies a Redis hub in the pool: every setting as the broker
-// uses it (defaults filled in), so that a reload with the same settings
-// keeps the hub (and its subscriptions) and a reload with other settings
-// gets a hub that uses them. Only Redis settings: handler settings such as
-// fallback local are not in the options, so every handler with the same
-// Redis settings shares its hub (SPEC S1). The CA file is in it by its
-// contents too: a reload after the file was replaced trusts the new one.
-// The password is in it only as part of an in-memory map key.
-func hubKeyOf(o pubsub.RedisOptions, tlsCA string) string {
-	o = o.WithDefaults()
+// and go-redis use it (defaults filled in), so that a reload with the same
+// settings keeps the hub (and its subscriptions) and a reload with other
+// settings gets a hub that uses them. Only Redis settings: handler
+// settings such as fallback local are not in the options, so every handler
+// with the same Redis settings shares its hub (SPEC S1). caSum is the CA
+// file's checksum: a reload after the file was replaced trusts the new
+// one. The password is in it only as part of an in-memory map key.
+func hubKeyOf(o pubsub.RedisOptions, tlsCA, caSum string) string {
+	o = goRedisDefaults(o.WithDefaults())
 	o.Logger = nil
 	tlsOn := o.TLS != nil
 	o.TLS = nil
-	caSum := ""
-	if tlsCA != "" {
-		pem, _ := os.ReadFile(caddy.NewReplacer().ReplaceKnown(tlsCA, "")) // read already by applyTLS
-		caSum = fmt.Sprintf("%x", sha256.Sum256(pem))
-	}
 	raw, _ := json.Marshal(struct {
 		pubsub.RedisOptions
 		TLS   bool
@@ -277,6 +282,26 @@ func hubKeyOf(o pubsub.RedisOptions, tlsCA string) string {
 		CASum string
 	}{o, tlsOn, tlsCA, caSum})
 	return "redis " + string(raw)
+}
+
+// goRedisDefaults fills in go-redis v9's defaults of the tuning fields
+// (its Options.init): a default written out is the same setting as one
+// left out. The pool size is left: go-redis' depends on the CPUs.
+func goRedisDefaults(o pubsub.RedisOptions) pubsub.RedisOptions {
+	orDefault := func(d *time.Duration, def time.Duration) {
+		if *d == 0 {
+			*d = def
+		}
+	}
+	orDefault(&o.DialTimeout, 5*time.Second)
+	orDefault(&o.ReadTimeout, 5*time.Second)
+	orDefault(&o.WriteTimeout, o.ReadTimeout)
+	orDefault(&o.MinRetryBackoff, 10*time.Millisecond)
+	orDefault(&o.MaxRetryBackoff, time.Second)
+	if o.MaxRetries == 0 {
+		o.MaxRetries = 3
+	}
+	return o
 }
 
 // unmarshalRedis parses `redis <url>` or a redis block.
@@ -336,7 +361,8 @@ func (c *RedisConfig) unmarshalSubdirective(d *caddyfile.Dispenser, name string)
 	case "password":
 		return oneString(d, &c.Password)
 	case "db":
-		return oneNonNegative(d, &c.DB)
+		c.DB = new(int)
+		return oneNonNegative(d, c.DB)
 	case "tls":
 		c.TLS = &RedisTLS{}
 		if d.NextArg() {

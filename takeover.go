@@ -233,8 +233,8 @@ func (c connSink) writeBy(p []byte, deadline time.Time) error {
 	_ = c.SetWriteDeadline(deadline)
 	// after setting it: a close that comes after this look hurries the
 	// write (hurryConn) after the deadline above was set, so it wins
-	if c.closing.Load() != nil {
-		_ = c.SetWriteDeadline(time.Now().Add(lastWordsTimeout))
+	if hurried := time.Now().Add(lastWordsTimeout); c.closing.Load() != nil && hurried.Before(deadline) {
+		_ = c.SetWriteDeadline(hurried)
 	}
 	_, err := c.Write(p)
 	_ = c.SetWriteDeadline(time.Time{})

@@ -64,9 +64,9 @@ const (
 	DefaultRepairLimit   = 10000
 )
 
-// WithDefaults returns the options with the defaults filled in, as the
-// broker uses them (the Logger left as it is): two option sets that differ
-// only in a default written out or left out are the same.
+// WithDefaults returns the options with the broker's own defaults filled
+// in (prefix, check interval, repair limit, wait timeout; the Logger left
+// as it is); go-redis fills in its own.
 func (o RedisOptions) WithDefaults() RedisOptions {
 	logger := o.Logger
 	o.applyDefaults()
