@@ -18,38 +18,6 @@ import (
 	"github.com/quic-go/quic-go/http3"
 )
 
-// tlsServerWithGlobals is tlsServer with extra global options.
-func tlsServerWithGlobals(t *testing.T, globals string, directives ...string) (p *caddyProc, port int) {
-	t.Helper()
-	adminPort, httpPort := freePort(t, false), freePort(t, false)
-	port = freePort(t, true)
-	storage := t.TempDir()
-	p = startCaddy(t, fmt.Sprintf("127.0.0.1:%d", adminPort), fmt.Sprintf(`{
-	admin 127.0.0.1:%d
-	storage file_system %s
-	local_certs
-	skip_install_trust
-	http_port %d
-	https_port %d
-	auto_https disable_redirects
-	%s
-}
-
-https://localhost:%d {
-	tls internal
-	sse /events {
-		channel {query.channels}
-		close_jitter 2s
-		%s
-		publish {
-			secret %s
-		}
-	}
-}
-`, adminPort, storage, httpPort, port, globals, port, strings.Join(directives, "\n\t\t"), testSecret))
-	return p, port
-}
-
 func h3Client(t *testing.T, port int) *http.Client {
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	tr := &http3.Transport{

@@ -23,6 +23,12 @@ import (
 // and HTTP/2 over TCP and HTTP/3 over UDP on the same port.
 func tlsServer(t *testing.T, directives ...string) (p *caddyProc, port int) {
 	t.Helper()
+	return tlsServerWithGlobals(t, "", directives...)
+}
+
+// tlsServerWithGlobals is tlsServer with extra global options.
+func tlsServerWithGlobals(t *testing.T, globals string, directives ...string) (p *caddyProc, port int) {
+	t.Helper()
 	adminPort, httpPort := freePort(t, false), freePort(t, false)
 	port = freePort(t, true)
 	storage := t.TempDir()
@@ -34,6 +40,7 @@ func tlsServer(t *testing.T, directives ...string) (p *caddyProc, port int) {
 	http_port %d
 	https_port %d
 	auto_https disable_redirects
+	%s
 }
 
 https://localhost:%d {
@@ -47,7 +54,7 @@ https://localhost:%d {
 		}
 	}
 }
-`, adminPort, storage, httpPort, port, port, strings.Join(directives, "\n\t\t"), testSecret))
+`, adminPort, storage, httpPort, port, globals, port, strings.Join(directives, "\n\t\t"), testSecret))
 	return p, port
 }
 
