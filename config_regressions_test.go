@@ -1,9 +1,7 @@
 package caddysse
 
 import (
-	"net"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -81,21 +79,5 @@ func TestExplicitGoRedisDefaultsShareHub(t *testing.T) {
 		DialTimeout: caddy.Duration(5 * time.Second), MaxRetries: 3})
 	if plain != written {
 		t.Fatalf("the documented defaults, written or not, give two hubs:\n%s\n%s", plain, written)
-	}
-}
-
-// The hurry of a closing stream's write only ever shortens its deadline:
-// a caller's sooner one (slow_client_timeout under 1s) stays.
-func TestConnSinkClosingDoesNotExtendAShorterDeadline(t *testing.T) {
-	server, client := net.Pipe() // a stalled client
-	defer server.Close()
-	defer client.Close()
-	var closing atomic.Pointer[closeNotice]
-	closing.Store(&closeNotice{reason: "reload"})
-	sink := connSink{server, &closing}
-	began := time.Now()
-	_ = sink.writeBy([]byte("event"), time.Now().Add(100*time.Millisecond))
-	if took := time.Since(began); took > 500*time.Millisecond {
-		t.Fatalf("write with a 100ms deadline took %v: the closing bound extended it to lastWordsTimeout", took)
 	}
 }

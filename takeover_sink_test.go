@@ -14,12 +14,7 @@ import (
 // the close hurried the connection: its deadline would otherwise undo the
 // hurry, and a stalled client would hold a reload for slow_client_timeout.
 func TestConnSinkWriteOfAClosingStreamIsBounded(t *testing.T) {
-	server, client := net.Pipe() // writes block until read: a stalled client
-	defer server.Close()
-	defer client.Close()
-	var closing atomic.Pointer[closeNotice]
-	closing.Store(&closeNotice{reason: "reload"})
-	sink := connSink{server, &closing}
+	sink := closingSinkToStalledClient(t)
 	began := time.Now()
 	err := sink.writeBy([]byte("event"), time.Now().Add(time.Minute))
 	if !errors.Is(err, os.ErrDeadlineExceeded) {
@@ -28,4 +23,29 @@ func TestConnSinkWriteOfAClosingStreamIsBounded(t *testing.T) {
 	if took := time.Since(began); took > lastWordsTimeout+time.Second {
 		t.Fatalf("the write of a closing stream took %v (last words %v)", took, lastWordsTimeout)
 	}
+}
+
+// The hurry of a closing stream's write only ever shortens its deadline:
+// a caller's sooner one (slow_client_timeout under 1s) stays.
+func TestConnSinkClosingDoesNotExtendAShorterDeadline(t *testing.T) {
+	sink := closingSinkToStalledClient(t)
+	began := time.Now()
+	_ = sink.writeBy([]byte("event"), time.Now().Add(100*time.Millisecond))
+	if took := time.Since(began); took > 500*time.Millisecond {
+		t.Fatalf("write with a 100ms deadline took %v: the closing bound extended it to lastWordsTimeout", took)
+	}
+}
+
+// closingSinkToStalledClient is the sink of a stream told to close, whose
+// client reads nothing: writes block until their deadline.
+func closingSinkToStalledClient(t *testing.T) connSink {
+	t.Helper()
+	server, client := net.Pipe()
+	t.Cleanup(func() {
+		_ = server.Close()
+		_ = client.Close()
+	})
+	var closing atomic.Pointer[closeNotice]
+	closing.Store(&closeNotice{reason: "reload"})
+	return connSink{server, &closing}
 }
