@@ -217,15 +217,25 @@ func oneString(d *caddyfile.Dispenser, dst *string) error {
 	return nil
 }
 
-func oneInt(d *caddyfile.Dispenser, dst *int) error {
+func oneInt(d *caddyfile.Dispenser, dst *int) error { return oneIntFrom(d, dst, 1) }
+
+// oneNonNegative reads a single integer that may be 0.
+func oneNonNegative(d *caddyfile.Dispenser, dst *int) error { return oneIntFrom(d, dst, 0) }
+
+// oneIntFrom reads a single integer of at least least (0 or 1).
+func oneIntFrom(d *caddyfile.Dispenser, dst *int, least int) error {
 	name := d.Val()
 	var s string
 	if err := oneString(d, &s); err != nil {
 		return err
 	}
 	n, err := strconv.Atoi(s)
-	if err != nil || n <= 0 {
-		return d.Errf("%s: must be a positive integer, got %q", name, s)
+	if err != nil || n < least {
+		what := "positive"
+		if least == 0 {
+			what = "non-negative"
+		}
+		return d.Errf("%s: must be a %s integer, got %q", name, what, s)
 	}
 	*dst = n
 	return nil
@@ -252,21 +262,6 @@ func onceIn(d *caddyfile.Dispenser, seen map[string]bool, block string) error {
 		return d.Errf("%s: %s is given more than once", block, d.Val())
 	}
 	seen[d.Val()] = true
-	return nil
-}
-
-// oneNonNegative reads a single integer that may be 0.
-func oneNonNegative(d *caddyfile.Dispenser, dst *int) error {
-	name := d.Val()
-	var s string
-	if err := oneString(d, &s); err != nil {
-		return err
-	}
-	n, err := strconv.Atoi(s)
-	if err != nil || n < 0 {
-		return d.Errf("%s: must be a non-negative integer, got %q", name, s)
-	}
-	*dst = n
 	return nil
 }
 
