@@ -263,7 +263,7 @@ func validateRedisOptions(o pubsub.RedisOptions) error {
 }
 
 // hubKey identifies a Redis hub in the pool: every setting as the broker
-// and go-redis use it (defaults filled in), so that a reload with the same
+// and go-redis use it (defaults filled in: WithDefaults), so that a reload with the same
 // settings keeps the hub (and its subscriptions) and a reload with other
 // settings gets a hub that uses them. Only Redis settings: handler
 // settings such as fallback local are not in the options, so every handler
@@ -271,7 +271,7 @@ func validateRedisOptions(o pubsub.RedisOptions) error {
 // file's checksum: a reload after the file was replaced trusts the new
 // one. The password is in it only as part of an in-memory map key.
 func hubKeyOf(o pubsub.RedisOptions, tlsCA, caSum string) string {
-	o = goRedisDefaults(o.WithDefaults())
+	o = o.WithDefaults()
 	o.Logger = nil
 	tlsOn := o.TLS != nil
 	o.TLS = nil
@@ -282,26 +282,6 @@ func hubKeyOf(o pubsub.RedisOptions, tlsCA, caSum string) string {
 		CASum string
 	}{o, tlsOn, tlsCA, caSum})
 	return "redis " + string(raw)
-}
-
-// goRedisDefaults fills in go-redis v9's defaults of the tuning fields
-// (its Options.init): a default written out is the same setting as one
-// left out. The pool size is left: go-redis' depends on the CPUs.
-func goRedisDefaults(o pubsub.RedisOptions) pubsub.RedisOptions {
-	orDefault := func(d *time.Duration, def time.Duration) {
-		if *d == 0 {
-			*d = def
-		}
-	}
-	orDefault(&o.DialTimeout, 5*time.Second)
-	orDefault(&o.ReadTimeout, 5*time.Second)
-	orDefault(&o.WriteTimeout, o.ReadTimeout)
-	orDefault(&o.MinRetryBackoff, 10*time.Millisecond)
-	orDefault(&o.MaxRetryBackoff, time.Second)
-	if o.MaxRetries == 0 {
-		o.MaxRetries = 3
-	}
-	return o
 }
 
 // unmarshalRedis parses `redis <url>` or a redis block.

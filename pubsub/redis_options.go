@@ -64,13 +64,37 @@ const (
 	DefaultRepairLimit   = 10000
 )
 
-// WithDefaults returns the options with the broker's own defaults filled
-// in (prefix, check interval, repair limit, wait timeout; the Logger left
-// as it is); go-redis fills in its own.
+// go-redis v9's defaults of the tuning fields (its Options.init), which
+// the broker reckons with (publishOnceTTL, the stall watch).
+const (
+	goRedisDialTimeout = 5 * time.Second
+	goRedisReadTimeout = 5 * time.Second
+	goRedisMinBackoff  = 10 * time.Millisecond
+	goRedisMaxBackoff  = time.Second
+	goRedisMaxRetries  = 3
+)
+
+// WithDefaults returns the options with every default filled in, the
+// broker's and go-redis' (the Logger left as it is; the pool size too, as
+// go-redis' depends on the CPUs): two option sets that differ only in a
+// default written out or left out are the same.
 func (o RedisOptions) WithDefaults() RedisOptions {
 	logger := o.Logger
 	o.applyDefaults()
 	o.Logger = logger
+	zeroTo := func(d *time.Duration, def time.Duration) {
+		if *d == 0 {
+			*d = def
+		}
+	}
+	zeroTo(&o.DialTimeout, goRedisDialTimeout)
+	zeroTo(&o.ReadTimeout, goRedisReadTimeout)
+	zeroTo(&o.WriteTimeout, o.ReadTimeout)
+	zeroTo(&o.MinRetryBackoff, goRedisMinBackoff)
+	zeroTo(&o.MaxRetryBackoff, goRedisMaxBackoff)
+	if o.MaxRetries == 0 {
+		o.MaxRetries = goRedisMaxRetries
+	}
 	return o
 }
 
@@ -97,11 +121,11 @@ func (o *RedisOptions) applyDefaults() {
 // apart (every attempt's dial, write and read timeouts and backoff), and
 // at least 30 s.
 func (o *RedisOptions) publishOnceTTL() time.Duration {
-	backoff := orDefault(o.MaxRetryBackoff, time.Second) // go-redis v9's default
+	backoff := orDefault(o.MaxRetryBackoff, goRedisMaxBackoff)
 	retries := o.MaxRetries
 	switch {
 	case retries == 0:
-		retries = 3
+		retries = goRedisMaxRetries
 	case retries < 0:
 		retries = 0
 	}
@@ -109,16 +133,16 @@ func (o *RedisOptions) publishOnceTTL() time.Duration {
 	return max(30*time.Second, window)
 }
 
-// readTimeout is go-redis' read timeout for these options (5 s unless
-// set: go-redis v9's default); 0 if reads have none.
+// readTimeout is go-redis' read timeout for these options; 0 if reads
+// have none.
 func (o *RedisOptions) readTimeout() time.Duration {
-	return orDefault(o.ReadTimeout, 5*time.Second)
+	return orDefault(o.ReadTimeout, goRedisReadTimeout)
 }
 
 // attemptTimeout bounds one attempt of a command: dial, write, read.
 func (o *RedisOptions) attemptTimeout() time.Duration {
 	read := o.readTimeout()
-	return orDefault(o.DialTimeout, 5*time.Second) + orDefault(o.WriteTimeout, read) + read
+	return orDefault(o.DialTimeout, goRedisDialTimeout) + orDefault(o.WriteTimeout, read) + read
 }
 
 // orDefault is a go-redis timeout: def if unset, 0 if negative (none).
