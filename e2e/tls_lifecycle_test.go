@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bufio"
-	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
@@ -13,22 +12,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/quic-go/quic-go"
-	"github.com/quic-go/quic-go/http3"
 )
-
-func h3Client(t *testing.T, port int) *http.Client {
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	tr := &http3.Transport{
-		TLSClientConfig: &tls.Config{InsecureSkipVerify: true, ServerName: "localhost"},
-		Dial: func(ctx context.Context, _ string, tlsCfg *tls.Config, cfg *quic.Config) (*quic.Conn, error) {
-			return quic.DialAddrEarly(ctx, addr, tlsCfg, cfg)
-		},
-	}
-	t.Cleanup(func() { _ = tr.Close() })
-	return &http.Client{Transport: tr}
-}
 
 // A reload tells HTTP/1.1-over-TLS, HTTP/2 and HTTP/3 streams
 // server_closing (reason reload) exactly once, then ends them, and the

@@ -277,12 +277,8 @@ func openStreamCount(adminAddr string) (int, error) {
 	return stats.OpenStreams, err
 }
 
-// TestStopClosesHTTP3Streams: the same over HTTP/3 (QUIC on the same port).
-// quic-go's HTTP/3 server waits in its graceful shutdown until clients
-// close their connections, which a client does once its requests are done:
-// the streams must end for the process to exit.
-func TestStopClosesHTTP3Streams(t *testing.T) {
-	p, port := tlsServer(t)
+// h3Client speaks HTTP/3 (QUIC) to the TLS site on port.
+func h3Client(t *testing.T, port int) *http.Client {
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	tr := &http3.Transport{
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: true, ServerName: "localhost"},
@@ -291,7 +287,16 @@ func TestStopClosesHTTP3Streams(t *testing.T) {
 		},
 	}
 	t.Cleanup(func() { _ = tr.Close() })
-	client := &http.Client{Transport: tr}
+	return &http.Client{Transport: tr}
+}
+
+// TestStopClosesHTTP3Streams: the same over HTTP/3 (QUIC on the same port).
+// quic-go's HTTP/3 server waits in its graceful shutdown until clients
+// close their connections, which a client does once its requests are done:
+// the streams must end for the process to exit.
+func TestStopClosesHTTP3Streams(t *testing.T) {
+	p, port := tlsServer(t)
+	client := h3Client(t, port)
 	base := fmt.Sprintf("https://localhost:%d/events", port)
 
 	streams := []*sseConn{
