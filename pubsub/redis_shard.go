@@ -1,0 +1,431 @@
+package pubsub
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/caddy-sse/caddy-sse/internal/clusterslot"
+)
+
+// shard is the pub/sub connection to one primary and the channels it
+// carries.
+type shard struct {
+	w      *watcher
+	id     string
+	client redis.UniversalClient
+
+	mu          sync.Mutex
+	keys        map[string]*watch
+	ps          *redis.PubSub
+	unconfirmed int       // subscriptions sent and not yet confirmed
+	confirming  time.Time // when the last confirmation came, or the first was awaited
+	toSync      []string  // confirmed, head not yet compared
+	toSyncSince time.Time // when the oldest of toSync was confirmed
+	// leaving counts the unsubscribes this instance sent and Redis has
+	// not confirmed yet, per key: those confirmations are not Redis moving
+	// the slot away, even if the key is back on the shard by then.
+	leaving   map[string]int
+	lastCheck time.Time
+	wake      chan struct{}
+	quit      chan struct{}
+	closed    bool
+	parked    bool // run waits for a channel (parkIfEmpty)
+}
+
+// newShard returns a shard whose first full check is a check interval
+// away: until then every key it carries is new, and is checked once its
+// subscription is confirmed (a full check at the first message read them
+// all a second time).
+func newShard(w *watcher, id string, client redis.UniversalClient) *shard {
+	return &shard{w: w, id: id, client: client, keys: make(map[string]*watch), leaving: make(map[string]int),
+		lastCheck: time.Now(), wake: make(chan struct{}, 1), quit: make(chan struct{})}
+}
+
+// attach puts key on this shard; it reports whether it must be subscribed
+// (false if it already was, in which case its head is compared again).
+func (s *shard) attach(key string, wt *watch) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, had := s.keys[key]
+	s.keys[key] = wt
+	if had {
+		s.queueSyncLocked(key)
+	}
+	return !had
+}
+
+func (s *shard) remove(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.keys[key]; !ok {
+		return false
+	}
+	delete(s.keys, key)
+	return true
+}
+
+func (s *shard) subscribe(keys []string) {
+	s.mu.Lock()
+	ps, parked := s.ps, s.parked
+	if ps != nil {
+		s.awaitLocked(len(keys))
+	}
+	s.mu.Unlock()
+	if ps == nil {
+		if parked {
+			s.wakeUp()
+		}
+		return // the connection subscribes every key when it (re)connects
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.ssubscribe(ctx, ps, keys); err != nil {
+		s.w.b.log.Debug("subscribing failed; the connection will be replaced", zap.String("shard", s.id), zap.Error(err))
+		s.kill(ps)
+	}
+}
+
+func (s *shard) unsubscribe(keys []string) {
+	s.mu.Lock()
+	ps := s.ps
+	if ps != nil {
+		s.leaveLocked(keys)
+	}
+	s.mu.Unlock()
+	if ps == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.sunsubscribe(ctx, ps, keys); err != nil {
+		s.kill(ps)
+	}
+}
+
+// ssubscribe subscribes keys on ps, one command per hash slot (slotBatches).
+func (s *shard) ssubscribe(ctx context.Context, ps *redis.PubSub, keys []string) error {
+	for _, batch := range s.slotBatches(keys) {
+		if err := ps.SSubscribe(ctx, batch...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sunsubscribe unsubscribes keys on ps, one command per hash slot.
+func (s *shard) sunsubscribe(ctx context.Context, ps *redis.PubSub, keys []string) error {
+	for _, batch := range s.slotBatches(keys) {
+		if err := ps.SUnsubscribe(ctx, batch...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// slotBatches splits keys into what one SSUBSCRIBE or SUNSUBSCRIBE may
+// carry. A cluster refuses (CROSSSLOT) a command whose shard channels hash
+// to different slots, and one primary's shard holds channels of many slots;
+// a single Redis or Sentinel takes them all at once.
+func (s *shard) slotBatches(keys []string) [][]string {
+	if s.w.b.cluster == nil || len(keys) < 2 {
+		return [][]string{keys}
+	}
+	bySlot := map[uint16][]string{}
+	for _, key := range keys {
+		slot := clusterslot.Of(key)
+		bySlot[slot] = append(bySlot[slot], key)
+	}
+	batches := make([][]string, 0, len(bySlot))
+	for _, batch := range bySlot {
+		batches = append(batches, batch)
+	}
+	return batches
+}
+
+// leaveLocked records unsubscribes about to be sent (see leaving).
+func (s *shard) leaveLocked(keys []string) {
+	for _, key := range keys {
+		s.leaving[key]++
+	}
+}
+
+// leftLocked takes the confirmation of an unsubscribe of key; false if
+// this instance did not ask for it (Redis moved the slot).
+func (s *shard) leftLocked(key string) bool {
+	n := s.leaving[key]
+	switch {
+	case n == 0:
+		return false
+	case n == 1:
+		delete(s.leaving, key)
+	default:
+		s.leaving[key] = n - 1
+	}
+	return true
+}
+
+// kill closes a broken connection so that run replaces it.
+func (s *shard) kill(ps *redis.PubSub) { _ = ps.Close() }
+
+func (s *shard) wakeUp() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *shard) close() {
+	s.mu.Lock()
+	s.closed = true
+	ps := s.ps
+	s.mu.Unlock()
+	close(s.quit)
+	if ps != nil {
+		_ = ps.Close()
+	}
+}
+
+// run keeps the shard's connection up: connect, subscribe every key,
+// receive until the connection fails, back off, again.
+func (s *shard) run() {
+	defer s.w.wg.Done()
+	backoff := 50 * time.Millisecond
+	for {
+		ps, err := s.connect()
+		if ps == nil {
+			return // closed
+		}
+		if err == nil {
+			err = s.receive(ps)
+		}
+		_ = ps.Close()
+		s.mu.Lock()
+		s.ps = nil
+		closed := s.closed
+		s.mu.Unlock()
+		if closed {
+			return
+		}
+		if err != nil {
+			s.w.b.unavailable(err)
+			s.w.b.reconnects.Add(1)
+		}
+		s.relocate()
+		if !s.waitToReconnect(backoff) {
+			return
+		}
+		backoff = min(2*backoff, 2*time.Second)
+		if err == nil {
+			backoff = 50 * time.Millisecond
+		}
+	}
+}
+
+// connect makes a new connection and subscribes every key on it; nil if
+// the shard is closed.
+func (s *shard) connect() (*redis.PubSub, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s.mu.Lock()
+	if s.closed {
+		// close ran meanwhile: a connection made now would never be closed
+		s.mu.Unlock()
+		return nil, nil
+	}
+	s.parked = false
+	ps := s.client.SSubscribe(ctx)
+	s.ps = ps
+	keys := make([]string, 0, len(s.keys))
+	for key := range s.keys {
+		keys = append(keys, key)
+	}
+	s.unconfirmed = 0
+	s.awaitLocked(len(keys))
+	s.toSync = s.toSync[:0]
+	clear(s.leaving) // a new connection: what the old one was to confirm never comes
+	s.mu.Unlock()
+	if len(keys) > 0 {
+		if err := s.ssubscribe(ctx, ps, keys); err != nil {
+			return ps, err
+		}
+	}
+	return ps, nil
+}
+
+// waitToReconnect waits for the backoff, or until woken (Redis answers
+// again). A shard that carries no channel waits until it gets one
+// (subscribe wakes it): the shard of a primary that failed over and stays
+// down must stop dialling it, which would tell every stream Redis is down.
+// False if the shard is closed.
+func (s *shard) waitToReconnect(backoff time.Duration) bool {
+	for {
+		var retry <-chan time.Time
+		parked := s.parkIfEmpty()
+		if !parked {
+			retry = time.After(backoff)
+		}
+		select {
+		case <-retry:
+			return true
+		case <-s.wake:
+			if !parked || !s.parkIfEmpty() {
+				return true
+			}
+		case <-s.quit:
+			return false
+		}
+	}
+}
+
+// parkIfEmpty reports whether the shard carries no channel, and records it
+// for subscribe.
+func (s *shard) parkIfEmpty() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.parked = len(s.keys) == 0
+	return s.parked
+}
+
+// relocate sends the keys whose slots another primary serves now to the
+// manager, to be placed there, after the shard's connection ended. Redis
+// tells a moved slot with MOVED or an unsubscribe (moveAway), but a primary
+// that failed and stays down tells nothing: its replica took its slots
+// over, and only the cluster's state says so.
+func (s *shard) relocate() {
+	cluster := s.w.b.cluster
+	if cluster == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cluster.ReloadState(ctx) // in the background: a later end of the connection sees it
+	s.mu.Lock()
+	keys := make([]string, 0, len(s.keys))
+	for key := range s.keys {
+		keys = append(keys, key)
+	}
+	s.mu.Unlock()
+	var moved []string
+	for _, key := range keys {
+		node, err := cluster.MasterForKey(ctx, key)
+		if err != nil {
+			return // no state yet: the next end of the connection tries again
+		}
+		if node.Options().Addr != s.id {
+			moved = append(moved, key)
+		}
+	}
+	if len(moved) == 0 {
+		return
+	}
+	s.w.b.log.Info("channels moved to another primary", zap.String("from", s.id), zap.Int("channels", len(moved)))
+	s.mu.Lock()
+	for _, key := range moved {
+		delete(s.keys, key)
+	}
+	s.mu.Unlock()
+	s.w.replace(moved)
+}
+
+// receive reads the connection until it fails; it returns nil if the
+// connection was closed on purpose (kill or close).
+func (s *shard) receive(ps *redis.PubSub) error {
+	interval := s.w.b.opts.CheckInterval
+	idle := 0
+	for {
+		msg, err := ps.ReceiveTimeout(context.Background(), interval)
+		if err != nil {
+			switch {
+			case isTimeout(err):
+				idle++
+				if idle >= 3 {
+					return errors.New("pub/sub connection silent for three check intervals")
+				}
+				_ = ps.Ping(context.Background())
+				s.maybeCheck(true)
+				continue
+			case isMoved(err):
+				s.w.b.log.Debug("a shard channel moved", zap.String("shard", s.id), zap.Error(err))
+				s.moveAway()
+				continue
+			case errors.Is(err, redis.ErrClosed):
+				return nil // closed on purpose: kill or close
+			default:
+				return err
+			}
+		}
+		idle = 0
+		s.w.b.setUp(true, nil)
+		switch m := msg.(type) {
+		case *redis.Message:
+			s.w.onNotice(m.Channel, m.Payload)
+		case *redis.Subscription:
+			s.onSubscription(m)
+		}
+		s.maybeCheck(false)
+	}
+}
+
+func (s *shard) onSubscription(m *redis.Subscription) {
+	s.mu.Lock()
+	_, ours := s.keys[m.Channel]
+	switch m.Kind {
+	case "ssubscribe":
+		s.unconfirmed--
+		s.confirming = time.Now()
+		s.queueSyncLocked(m.Channel)
+	case "sunsubscribe":
+		if !s.leftLocked(m.Channel) && ours {
+			// Redis unsubscribed us: the slot moved to another primary
+			s.mu.Unlock()
+			s.moveAway()
+			return
+		}
+	}
+	s.mu.Unlock()
+}
+
+// awaitLocked counts n subscriptions sent; the clock of confirmations
+// starts when the first is awaited.
+func (s *shard) awaitLocked(n int) {
+	if s.unconfirmed <= 0 {
+		s.confirming = time.Now()
+	}
+	s.unconfirmed += n
+}
+
+// unconfirmedTooLong reports whether subscriptions have waited a whole
+// check interval without any being confirmed. Redis confirms each one at
+// once; one that never is (a reply lost in a connection that otherwise
+// works) would leave its channel unwatched for good, so the connection is
+// replaced and every key subscribed again.
+func (s *shard) unconfirmedTooLong() bool {
+	return s.unconfirmed > 0 && time.Since(s.confirming) >= s.w.b.opts.CheckInterval
+}
+
+// moveAway sends every key of this shard back to the manager, which places
+// it again on the primary that serves it now.
+func (s *shard) moveAway() {
+	s.mu.Lock()
+	keys := make([]string, 0, len(s.keys))
+	for key := range s.keys {
+		keys = append(keys, key)
+	}
+	s.keys = make(map[string]*watch)
+	ps := s.ps
+	if ps != nil && len(keys) > 0 {
+		s.leaveLocked(keys)
+	}
+	s.mu.Unlock()
+	if ps != nil && len(keys) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = s.sunsubscribe(ctx, ps, keys)
+		cancel()
+	}
+	s.w.replace(keys)
+}

@@ -1,0 +1,209 @@
+package pubsub
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/caddy-sse/caddy-sse/replay"
+)
+
+// queueSyncLocked adds a confirmed key to the next check of new heads.
+func (s *shard) queueSyncLocked(key string) {
+	if len(s.toSync) == 0 {
+		s.toSyncSince = time.Now()
+	}
+	s.toSync = append(s.toSync, key)
+}
+
+// syncDueLocked reports whether the confirmed keys should be checked
+// before the rest of the subscriptions sent are confirmed: while a burst of
+// new channels keeps subscriptions in flight, the first ones must not wait
+// for a lull (their streams wait for the sync).
+func (s *shard) syncDueLocked() bool {
+	return len(s.toSync) >= checkBatchSize || time.Since(s.toSyncSince) >= syncBatchWait
+}
+
+// syncBatchWait is how long confirmed keys wait for others to be checked
+// with them while subscriptions are still in flight.
+const syncBatchWait = 5 * time.Millisecond
+
+// maybeCheck compares heads: of channels just (re)subscribed, once all
+// subscriptions are confirmed or the connection is idle; of every channel,
+// once per check interval.
+func (s *shard) maybeCheck(idle bool) {
+	s.mu.Lock()
+	var keys []string
+	full := time.Since(s.lastCheck) >= s.w.b.opts.CheckInterval
+	if full && s.unconfirmedTooLong() {
+		ps, waiting := s.ps, s.unconfirmed
+		s.mu.Unlock()
+		s.w.b.log.Warn("Redis did not confirm channel subscriptions; reconnecting to subscribe again",
+			zap.String("shard", s.id), zap.Int("unconfirmed", waiting))
+		if ps != nil {
+			s.kill(ps)
+		}
+		return
+	}
+	switch {
+	case full:
+		s.lastCheck = time.Now()
+		for key := range s.keys {
+			keys = append(keys, key)
+		}
+		s.toSync = s.toSync[:0]
+	case len(s.toSync) > 0 && (s.unconfirmed <= 0 || idle || s.syncDueLocked()):
+		// a key subscribed both by connect and by a batch racing it is
+		// confirmed twice: check it once
+		keys = slices.Compact(slices.Sorted(slices.Values(s.toSync)))
+		s.toSync = s.toSync[:0]
+	}
+	s.mu.Unlock()
+	if len(keys) > 0 {
+		s.check(keys)
+	}
+}
+
+// check reads the heads of keys in pipelines and syncs each watch.
+func (s *shard) check(keys []string) {
+	for len(keys) > 0 {
+		n := min(checkBatchSize, len(keys))
+		if again := s.checkBatch(keys[:n]); len(again) > 0 {
+			// the library was missing and is loaded now: these channels
+			// are not left unsynced until the next full check
+			s.checkBatch(again)
+		}
+		keys = keys[n:]
+	}
+}
+
+// checkBatchSize is how many heads one pipeline reads.
+const checkBatchSize = 500
+
+// checkBatch syncs the heads of keys; it returns the keys to check again
+// because Redis did not have the library yet (it has been loaded).
+func (s *shard) checkBatch(keys []string) (again []string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cmds := s.readPipelined(ctx, keys, func(int) []any { return readArgs(0, nil) })
+	var moved []string
+	var lerr error
+	loaded := false // the keys of a shard are on one primary: one load serves the batch
+	var synced []headOf
+	for i, cmd := range cmds {
+		reply, err := cmd.Result()
+		switch {
+		case functionsForbidden(err):
+			s.w.b.useScripts(err)
+			continue
+		case isFunctionMissing(err):
+			if !loaded {
+				lerr, loaded = s.w.b.loadFunctions(ctx, keys[i]), true
+			}
+			if functionsForbidden(lerr) {
+				s.w.b.useScripts(lerr)
+			}
+			if lerr == nil || functionsForbidden(lerr) {
+				again = append(again, keys[i])
+			}
+			continue
+		case isMoved(err):
+			moved = append(moved, keys[i])
+			continue
+		case err != nil:
+			s.w.b.classify(err)
+			continue
+		}
+		page, _, err := parsePage(reply)
+		if err != nil {
+			continue
+		}
+		if wt := s.w.lookup(keys[i]); wt != nil {
+			synced = append(synced, headOf{wt: wt, head: page.Head})
+		}
+	}
+	s.readNewest(ctx, synced)
+	for _, h := range synced {
+		s.w.syncHead(h.wt, h.head, h.newest)
+	}
+	if len(moved) > 0 {
+		s.moveAway()
+	}
+	return again
+}
+
+// headOf is a watch's head as a check read it, with its newest event for
+// a watch that is not synced yet.
+type headOf struct {
+	wt     *watch
+	head   replay.Position
+	newest *replay.Event
+}
+
+// readNewest reads, in one pipeline, the newest event of every channel in
+// heads whose watch has its first sync to come (syncHead delivers it). One
+// read each in turn cost the shard's connection a round trip per channel
+// while every new stream of those channels waited for the sync.
+func (s *shard) readNewest(ctx context.Context, heads []headOf) {
+	var first []int
+	var keys []string
+	for i, h := range heads {
+		if !h.head.IsZero() && !h.wt.isKnown() {
+			first = append(first, i)
+			keys = append(keys, h.wt.key)
+		}
+	}
+	if len(keys) == 0 {
+		return
+	}
+	cmds := s.readPipelined(ctx, keys, func(j int) []any {
+		beyond := beyondHead(heads[first[j]].head)
+		return readArgs(1, &beyond) // truncated: the newest
+	})
+	for j, cmd := range cmds {
+		reply, err := cmd.Result()
+		if err != nil {
+			continue // the sync goes on without it: as if never announced
+		}
+		page, bad, err := parsePage(reply)
+		if err != nil || len(page.Events) != 1 {
+			continue
+		}
+		h := &heads[first[j]]
+		s.w.warnBad(h.wt, bad)
+		h.newest = page.Events[0]
+	}
+}
+
+// readPipelined runs the library's read on each of keys, with args(i) for
+// keys[i], in one pipeline; each command's error is for the caller.
+func (s *shard) readPipelined(ctx context.Context, keys []string, args func(i int) []any) []*redis.Cmd {
+	pipe := s.client.Pipeline()
+	cmds := make([]*redis.Cmd, len(keys))
+	scriptsOnly := s.w.b.scriptsOnly.Load()
+	for i, key := range keys {
+		if scriptsOnly {
+			cmds[i] = scripts[FunctionRead].EvalRO(ctx, pipe, []string{key}, args(i)...)
+		} else {
+			cmds[i] = pipe.FCallRo(ctx, FunctionRead, []string{key}, args(i)...)
+		}
+	}
+	_, _ = pipe.Exec(ctx)
+	return cmds
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
+
+func isMoved(err error) bool {
+	return err != nil && (strings.HasPrefix(err.Error(), "MOVED ") || strings.HasPrefix(err.Error(), "ASK "))
+}
