@@ -37,13 +37,16 @@ func (h *Handler) throttled(ctx context.Context, who client) time.Duration {
 
 // endedSlow reports whether a stream ended because its client was too
 // slow: a write blocked for the slow-client timeout, or its queue stayed
-// full that long.
+// full that long. A stream told to close for a reload or a stop is not:
+// the close hurries the write in flight (lastWordsTimeout), and the
+// deadline that ends it is the close's, not the client's slowness — a
+// client behind for a moment must not be throttled, and refused when it
+// reconnects, because a reload came then.
 func (s *stream) endedSlow(err error) bool {
-	if errors.Is(err, errSlowWrite) {
-		return true
+	if n := s.closing.Load(); n != nil {
+		return n.slow
 	}
-	n := s.closing.Load()
-	return n != nil && n.slow
+	return errors.Is(err, errSlowWrite)
 }
 
 // throttleSlowClient counts and logs a slow client's disconnection and

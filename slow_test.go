@@ -457,3 +457,53 @@ func testCloseOfAStalledStream(t *testing.T, queue, queueBytes string, catchUp b
 		t.Errorf("a stalled stream took %v to end after it was told to close (slow_client_timeout 60s, last words %v)", took.Round(10*time.Millisecond), lastWordsTimeout)
 	}
 }
+
+// A client whose socket is full for a moment (far less than
+// slow_client_timeout) when a reload tells its stream to close: the write
+// in flight is hurried to lastWordsTimeout and fails with a deadline, which
+// is not the client's slowness. It is neither counted as a slow client nor
+// throttled, so its reconnect after the reload is answered 200 (a 429
+// would make an EventSource give up for good).
+func TestAReloadDoesNotThrottleAClientBehindForAMoment(t *testing.T) {
+	sites := `
+:{PORT} {
+	metrics /metrics
+	sse /events {
+		channel a
+		principal {query.user}
+		queue 5000
+		max_event_size 16KiB
+		queue_bytes 256MiB
+		history 100000
+		history_bytes 512MiB
+		slow_client_timeout 30s
+		throttle 60s
+		heartbeat off
+		close_jitter off
+		publish {
+			secret ` + testSecret + `
+		}
+	}
+}
+`
+	srv := startCaddy(t, sites)
+	c, tap := openValved(t, srv.base+"/events?user=u", smallReceiveBuffer())
+	srv.publish("/events", map[string]any{"channel": "a", "data": "warm"})
+	if ev := c.next(); ev.Data != "warm" {
+		t.Fatalf("got %+v", ev)
+	}
+	tap.stall()
+	srv.publishConcurrently(strings.Repeat("x", 16000), 600, 4) // more than the sockets hold
+	time.Sleep(500 * time.Millisecond)                          // the stream's write blocks on the full socket
+	srv.reload(sites)
+	eventually(t, "the old stream to end", func() bool { return metric(t, srv.scrape(), "caddy_sse_streams_open") == 0 })
+	tap.resume()
+	if slow := metric(t, srv.scrape(), "caddy_sse_slow_client_disconnects_total"); slow != 0 {
+		t.Errorf("caddy_sse_slow_client_disconnects_total %v after a reload ended a stream behind for a moment; want 0", slow)
+	}
+	resp := do(t, http.MethodGet, srv.base+"/events?user=u", nil, "")
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("reconnect after the reload: %d (Retry-After %q); want 200", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+}
