@@ -48,7 +48,11 @@ type redisLease struct {
 }
 
 // acquireLease takes a lease unless limit are held; ARGV[5..] are leases
-// of the key this instance released and has not removed yet.
+// of the key this instance released and has not removed yet. The key's
+// expiry is never brought closer (NX sets it on a new key, GT only lengthens
+// it): a principal's set holds the leases of every instance and route, whose
+// lease_ttl may be longer than this one's (a rolling change of the setting).
+// Redis 7.0 has both options.
 var acquireLease = redis.NewScript(`
 local now = tonumber(ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
@@ -56,7 +60,8 @@ for i = 5, #ARGV do redis.call('ZREM', KEYS[1], ARGV[i]) end
 local limit = tonumber(ARGV[2])
 if limit > 0 and redis.call('ZCARD', KEYS[1]) >= limit then return 0 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[4])
-redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) * 2)
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) * 2, 'NX')
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) * 2, 'GT')
 return 1`)
 
 // NewRedisLeases returns leases in b's Redis.
@@ -201,7 +206,7 @@ func (r *RedisLeases) renew() {
 		// persistence, a failover that lost writes, an outage longer than the
 		// ttl) is put back, or its stream would go uncounted for good
 		pipe.ZAdd(ctx, l.key, redis.Z{Score: float64(now + l.ttl.Milliseconds()), Member: l.member})
-		pipe.PExpire(ctx, l.key, 2*l.ttl)
+		expireNoSooner(ctx, pipe, l.key, 2*l.ttl)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		r.b.log.Debug("renewing connection leases failed", zap.Int("leases", len(leases)), zap.Error(err))
@@ -289,3 +294,10 @@ var (
 	_ Leases       = (*RedisLeases)(nil)
 	_ LeaseCounter = (*RedisLeases)(nil)
 )
+
+// expireNoSooner sets key to expire in ttl unless it already expires
+// later (see acquireLease).
+func expireNoSooner(ctx context.Context, pipe redis.Pipeliner, key string, ttl time.Duration) {
+	pipe.Do(ctx, "PEXPIRE", key, ttl.Milliseconds(), "NX")
+	pipe.Do(ctx, "PEXPIRE", key, ttl.Milliseconds(), "GT")
+}
