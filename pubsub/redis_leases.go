@@ -89,6 +89,11 @@ func (r *RedisLeases) Acquire(ctx context.Context, principal string, limit int, 
 	}
 	l := &redisLease{of: r, key: r.key(principal), principal: principal, ttl: ttl,
 		member: r.instance + ":" + strconv.FormatUint(r.seq.Add(1), 36)}
+	ctx, cancel, err := r.b.admissionCall(ctx, l.key)
+	defer cancel()
+	if err != nil {
+		return nil, err
+	}
 	args := append([]any{time.Now().UnixMilli(), limit, ttl.Milliseconds(), l.member}, r.releasedOf(l.key)...)
 	ok, err := acquireLease.Run(ctx, r.b.client, []string{l.key}, args...).Int()
 	if err != nil {

@@ -72,6 +72,26 @@ func (b *Redis) reachable(ctx context.Context, key string) bool {
 	}
 }
 
+// admissionCall prepares a call that opening a stream waits for (its
+// lease, its throttle): none while Redis is known down and no probe answers
+// (the caller fails open at once, as a publish fails fast), and otherwise
+// at most one read timeout, not go-redis' whole retry cycle: a connect
+// must not wait 20 s for a hung Redis to admit it anyway.
+func (b *Redis) admissionCall(ctx context.Context, key string) (context.Context, context.CancelFunc, error) {
+	if !b.reachable(ctx, key) {
+		return ctx, func() {}, ErrUnavailable
+	}
+	limit := b.opts.readTimeout()
+	if limit <= 0 {
+		limit = admissionCallTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	return ctx, cancel, nil
+}
+
+// admissionCallTimeout bounds an admission call when reads have no timeout.
+const admissionCallTimeout = 3 * time.Second
+
 // start returns the probe of addr under way, or starts one that runs ping.
 func (ps *probes) start(addr string, ping func() bool) *probe {
 	ps.mu.Lock()

@@ -100,6 +100,11 @@ func (r *RedisThrottles) Remaining(ctx context.Context, key string) (time.Durati
 			return r.known.Remaining(ctx, key)
 		}
 	}
+	ctx, cancel, err := r.b.admissionCall(ctx, r.key(key))
+	defer cancel()
+	if err != nil {
+		return 0, err
+	}
 	left, err := r.b.client.PTTL(ctx, r.key(key)).Result()
 	if err != nil {
 		return 0, r.b.classify(err)
