@@ -305,6 +305,8 @@ func (w *worker) fire(t wtimer, now int64) {
 func (w *worker) open(c *client, now int64) {
 	c.gen++
 	c.opened = now
+	// what an earlier stream cut mid-event left must not join this one
+	c.parser.reset()
 	w.k.cnt.attempts.Add(1)
 	dst := c.tgt.addr
 	var (
@@ -540,9 +542,12 @@ func (w *worker) process(c *client, b []byte, now int64) bool {
 		}
 		c.bodyLen -= int64(len(b))
 	}
-	if err := c.feed(b, now); err != nil {
-		w.ended(c, err.Error())
-		return false
+	// a read of chunk framing only decodes to no body bytes
+	if len(b) > 0 {
+		if err := c.feed(b, now); err != nil {
+			w.ended(c, err.Error())
+			return false
+		}
 	}
 	if done {
 		w.ended(c, "")

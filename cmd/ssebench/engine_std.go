@@ -149,6 +149,8 @@ func (e *stdEngine) run(c *client) {
 func (e *stdEngine) stream(c *client, tr *http.Transport, url string, buf []byte) (again, stop bool) {
 	k := e.k
 	ctx := e.ctx
+	// what an earlier stream cut mid-event left must not join this one
+	c.parser.reset()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		k.noteErr("request: " + err.Error())

@@ -8,10 +8,11 @@ import (
 )
 
 // sseParser is an incremental Server-Sent Events parser following the WHATWG
-// rules (LF, CRLF and CR line endings, comments, the last event ID buffer,
-// retry). It is fed raw body bytes in pieces of any size and calls onEvent
-// for every dispatched event with a non-empty data buffer. Nothing it hands
-// out outlives the callback. It allocates only while its buffers grow.
+// rules (LF, CRLF and CR line endings, a leading BOM, comments, the last
+// event ID buffer, retry). It is fed raw body bytes in pieces of any size
+// and calls onEvent for every dispatched event with a non-empty data
+// buffer; reset begins a new stream. Nothing it hands out outlives the
+// callback. It allocates only while its buffers grow.
 type sseParser struct {
 	line   []byte // a partial line carried to the next Feed
 	data   []byte // the data buffer (lines joined by LF)
@@ -26,6 +27,10 @@ type sseParser struct {
 	skipLF bool
 	// hasData is whether a data: field was seen since the last dispatch.
 	hasData bool
+	// atStart is set until the first bytes of a stream are parsed: a UTF-8
+	// BOM there is stripped (WHATWG). The bytes of a BOM split over Feeds
+	// wait in line meanwhile.
+	atStart bool
 	// comments counts comment lines (heartbeats and notices).
 	comments int64
 	// maxLine bounds a line (and the data buffer); a longer one is an error.
@@ -38,11 +43,36 @@ type sseParser struct {
 var errLineTooLong = errors.New("sse: line too long")
 
 func newSSEParser(onEvent func(typ, data, id []byte)) sseParser {
-	return sseParser{retry: -1, maxLine: 1 << 20, onEvent: onEvent}
+	return sseParser{retry: -1, maxLine: 1 << 20, atStart: true, onEvent: onEvent}
+}
+
+// reset readies the parser for a new stream of the same EventSource: what a
+// stream cut mid-event left (a partial line, the incomplete event's fields)
+// is discarded, as a browser discards it at the end of the stream, instead
+// of joining the next stream's first line. The last event ID string and the
+// reconnection time outlive the stream, as they do in a browser.
+func (p *sseParser) reset() {
+	p.line = p.line[:0]
+	p.data = p.data[:0]
+	p.typ = p.typ[:0]
+	p.idBuf = append(p.idBuf[:0], p.lastID...)
+	p.hasData = false
+	p.skipLF = false
+	p.atStart = true
 }
 
 // Feed parses p. p is not retained.
 func (p *sseParser) Feed(b []byte) error {
+	if len(b) == 0 {
+		// nothing to parse, and a pending CR must still swallow the LF
+		// of the next piece
+		return nil
+	}
+	if p.atStart {
+		if b = p.stripBOM(b); len(b) == 0 {
+			return nil
+		}
+	}
 	if p.skipLF {
 		p.skipLF = false
 		if len(b) > 0 && b[0] == '\n' {
@@ -92,6 +122,29 @@ func (p *sseParser) Feed(b []byte) error {
 		b = b[next:]
 	}
 	return nil
+}
+
+// stripBOM drops a UTF-8 BOM at the start of the stream and clears atStart
+// once the stream's first bytes are known to be one or not. The bytes of a
+// BOM's prefix are held in line: if they turn out not to be a BOM, they are
+// the start of the first line (they hold no line ending).
+func (p *sseParser) stripBOM(b []byte) []byte {
+	const bom = "\xEF\xBB\xBF"
+	for len(b) > 0 {
+		n := len(p.line)
+		if b[0] != bom[n] {
+			p.atStart = false
+			return b
+		}
+		p.line = append(p.line, b[0])
+		b = b[1:]
+		if n+1 == len(bom) {
+			p.line = p.line[:0]
+			p.atStart = false
+			return b
+		}
+	}
+	return b
 }
 
 func (p *sseParser) processLine(line []byte) error {

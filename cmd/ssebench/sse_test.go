@@ -54,6 +54,10 @@ func TestSSEParser(t *testing.T) {
 		{"type without data is dropped", "event: a\n\ndata: 2\n\n", []gotEvent{{"", "2", ""}}, -1, 0, ""},
 		{"server closing", "retry: 1234\nevent: server_closing\ndata: {\"reason\":\"reload\"}\n\n", []gotEvent{{"server_closing", `{"reason":"reload"}`, ""}}, 1234, 0, ""},
 		{"incomplete event not dispatched", "data: a\n", nil, -1, 0, ""},
+		{"leading BOM stripped", "\xEF\xBB\xBFdata: x\n\n", []gotEvent{{"", "x", ""}}, -1, 0, ""},
+		{"only one BOM stripped", "\xEF\xBB\xBF\xEF\xBB\xBFdata: x\n\ndata: y\n\n", []gotEvent{{"", "y", ""}}, -1, 0, ""},
+		{"BOM prefix is data", "\xEF\xBBdata: x\n\ndata: y\n\n", []gotEvent{{"", "y", ""}}, -1, 0, ""},
+		{"BOM only at the start", "data: x\n\n\xEF\xBB\xBFdata: y\n\n", []gotEvent{{"", "x", ""}}, -1, 0, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -73,6 +77,48 @@ func TestSSEParser(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// An empty Feed (the epoll engine feeds whatever the chunk decoder returns,
+// which is empty for a read holding only chunk framing) must not forget
+// that the previous piece ended with a CR: the LF that follows belongs to
+// the same CRLF line ending. Otherwise "data: a\r" + "" + "\ndata: b\r\n\r\n"
+// is dispatched as two events instead of one.
+func TestSSEParserEmptyFeedKeepsCR(t *testing.T) {
+	got, _ := parseAll(t, "data: a\r", "", "\ndata: b\r\n\r\n")
+	want := []gotEvent{{"", "a\nb", ""}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("events %q, want %q (an empty Feed dropped the pending CR)", got, want)
+	}
+}
+
+// TestSSEParserReset checks what a new stream keeps of the last one: the
+// last event ID and the retry, but neither the incomplete event nor a
+// pending CR; and its BOM is stripped again.
+func TestSSEParserReset(t *testing.T) {
+	for _, cut := range []string{
+		"event: x\ndata: partial\nid: 9\ndata: {\"c\":0,\"s\":2",
+		"data: partial\r",
+		"\xEF\xBB",
+	} {
+		var got []gotEvent
+		p := newSSEParser(func(typ, data, id []byte) {
+			got = append(got, gotEvent{string(typ), string(data), string(id)})
+		})
+		for _, piece := range []string{"retry: 70\nid: 1\ndata: a\n\n", cut, "", "\xEF\xBB\xBF\ndata: b\n\n"} {
+			if piece == "" {
+				p.reset() // the next stream
+				continue
+			}
+			if err := p.Feed([]byte(piece)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want := []gotEvent{{"", "a", "1"}, {"", "b", "1"}}
+		if !reflect.DeepEqual(got, want) || p.retry != 70 || string(p.lastID) != "1" {
+			t.Fatalf("cut %q: events %q retry %d lastID %q, want %q, 70 and \"1\"", cut, got, p.retry, p.lastID, want)
+		}
 	}
 }
 
