@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math/bits"
 	"net/netip"
 	"net/url"
 	"sort"
@@ -169,6 +170,34 @@ func (s *seqSet) add(seq int64) {
 	}
 	s.bits[w] |= 1 << (seq & 63)
 	s.max = max(s.max, seq)
+}
+
+// countAbove returns how many members are greater than n (≥ 0).
+func (s *seqSet) countAbove(n int64) int64 {
+	if s.max <= n {
+		return 0
+	}
+	var c int64
+	first := int((n + 1) >> 6)
+	for w := first; w < len(s.bits); w++ {
+		x := s.bits[w]
+		if w == first {
+			x &^= 1<<((n+1)&63) - 1 // the members ≤ n
+		}
+		c += int64(bits.OnesCount64(x))
+	}
+	return c
+}
+
+// union adds the members of o.
+func (s *seqSet) union(o *seqSet) {
+	if n := len(o.bits) - len(s.bits); n > 0 {
+		s.bits = append(s.bits, make([]uint64, n)...)
+	}
+	for w, x := range o.bits {
+		s.bits[w] |= x
+	}
+	s.max = max(s.max, o.max)
 }
 
 // feed parses body bytes read at now.

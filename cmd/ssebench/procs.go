@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -26,7 +27,9 @@ import (
 // comparable across processes.
 //
 // Commands: "begin" (freeze the set of connected streams that the tallies
-// cover), "tally", "report", "exit" (or EOF: close the streams and exit).
+// cover), "tally" (optionally followed by a space and the JSON of what the
+// server accepted per channel, []chanAccepted, to count against), "report",
+// "exit" (or EOF: close the streams and exit).
 // Messages: ready (after the ramp), progress (every second), begun,
 // tally, report, error.
 
@@ -51,14 +54,16 @@ type workerProgress struct {
 }
 
 // workerTally is what a worker's streams received: per channel, how many
-// streams have how many distinct events of it (so that the parent computes
-// lost and extra deliveries from the publishes that got a 200), and the
-// totals.
+// streams have how many of its accepted events (the parent sends what the
+// server accepted with the tally command, and computes the lost deliveries
+// from those counts), the distinct events received that the server had not
+// accepted (extra), and the totals.
 type workerTally struct {
 	Clients   int               `json:"clients"`
 	Received  int64             `json:"received"`
 	Dupes     int64             `json:"dupes"`
 	Reordered int64             `json:"reordered"`
+	Extra     int64             `json:"extra"`
 	Chans     []map[int64]int64 `json:"chans"`
 }
 
@@ -141,13 +146,21 @@ func runWorker(args []string) int {
 	live := r.liveClients()
 	cpu0 := selfCPU()
 	sc := bufio.NewScanner(os.Stdin)
+	sc.Buffer(make([]byte, 64<<10), 256<<20) // a tally's accepted sets
 	for sc.Scan() {
-		switch sc.Text() {
+		cmd, arg, _ := strings.Cut(sc.Text(), " ")
+		switch cmd {
 		case "begin":
 			live = r.liveClients()
 			emit(workerMsg{Type: "begun"})
 		case "tally":
-			emit(workerMsg{Type: "tally", Tally: workerTallyOf(live, c.channels, k)})
+			var acc []chanAccepted
+			if arg != "" {
+				if err := json.Unmarshal([]byte(arg), &acc); err != nil {
+					return fail(fmt.Errorf("tally: %v", err))
+				}
+			}
+			emit(workerMsg{Type: "tally", Tally: workerTallyOf(live, c.channels, k, acc)})
 		case "report":
 			t := k.totals()
 			rep := &workerReport{
@@ -168,7 +181,10 @@ func runWorker(args []string) int {
 	return 0
 }
 
-func workerTallyOf(live []*client, channels int, k *core) *workerTally {
+// workerTallyOf tallies the live streams against acc, what the server
+// accepted per channel; without acc (a tally for the totals only) every
+// distinct event counts.
+func workerTallyOf(live []*client, channels int, k *core, acc []chanAccepted) *workerTally {
 	t := &workerTally{Clients: len(live), Chans: make([]map[int64]int64, channels), Received: k.received()}
 	for _, c := range live {
 		for s, ch := range c.chans {
@@ -177,7 +193,13 @@ func workerTallyOf(live []*client, channels int, k *core) *workerTally {
 				m = map[int64]int64{}
 				t.Chans[ch] = m
 			}
-			m[c.uniq[s].Load()]++
+			got := c.uniq[s].Load()
+			if int(ch) < len(acc) {
+				var extra int64
+				got, extra = c.acceptedSeen(s, &acc[ch])
+				t.Extra += extra
+			}
+			m[got]++
 		}
 	}
 	tot := k.totals()
@@ -386,6 +408,7 @@ func (r *runner) stopWorkers() {
 // workerStreams is the streamSet of -procs.
 type workerStreams struct {
 	r       *runner
+	acc     []byte // the tally command's argument: what count was given, as JSON
 	last    []*workerTally
 	reports []*workerReport
 	connLat histogram
@@ -441,7 +464,11 @@ func (s *workerStreams) begin() error {
 }
 
 func (s *workerStreams) tally() error {
-	msgs, err := s.r.ask("tally", "tally", askTimeout)
+	cmd := "tally"
+	if s.acc != nil {
+		cmd += " " + string(s.acc)
+	}
+	msgs, err := s.r.ask(cmd, "tally", askTimeout)
 	if err != nil {
 		return err
 	}
@@ -466,31 +493,31 @@ func (s *workerStreams) received() (int64, error) {
 	return n, nil
 }
 
-func (s *workerStreams) count(ok []int64) (tally, error) {
+func (s *workerStreams) count(acc []chanAccepted) (tally, error) {
+	b, err := json.Marshal(acc)
+	if err != nil {
+		return tally{}, err
+	}
+	s.acc = b
 	if err := s.tally(); err != nil {
 		return tally{}, err
 	}
-	return countWire(s.last, ok), nil
+	return countWire(s.last, acc), nil
 }
 
-// countWire is countDelivered over the workers' tallies.
-func countWire(ts []*workerTally, ok []int64) tally {
+// countWire is countDelivered over the workers' tallies (made against acc).
+func countWire(ts []*workerTally, acc []chanAccepted) tally {
 	var t tally
 	for _, wt := range ts {
 		t.clients += wt.Clients
+		t.extra += wt.Extra
 		for ch, m := range wt.Chans {
 			var exp int64
-			if ch < len(ok) {
-				exp = ok[ch]
+			if ch < len(acc) {
+				exp = acc[ch].N
 			}
 			for got, n := range m {
-				t.expected += exp * n
-				t.unique += min(got, exp) * n
-				if got < exp {
-					t.lost += (exp - got) * n
-				} else {
-					t.extra += (got - exp) * n
-				}
+				t.add(exp, got, n)
 			}
 		}
 	}

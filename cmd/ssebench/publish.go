@@ -123,7 +123,6 @@ type pubResult struct {
 	attempted atomic.Int64
 	ok        atomic.Int64
 	failed    atomic.Int64
-	perChanOK []atomic.Int64
 	seqs      []int64 // the last sequence number used per channel
 	ordered   bool
 	start     time.Time
@@ -133,6 +132,11 @@ type pubResult struct {
 	rtt  histogram // request round trip
 	lag  histogram // how late each publish started against its schedule
 	errs map[string]int64
+	// accepted are, per channel, the sequence numbers of the publishes
+	// answered 200: the events a stream must receive. Counts would not do:
+	// an event whose publish failed on the tool's side (a timeout) may
+	// still be delivered, and would hide the loss of an accepted one.
+	accepted []seqSet
 }
 
 type pubJob struct {
@@ -144,10 +148,10 @@ type pubJob struct {
 // runPublish publishes plan, on schedule, until done or ctx ends.
 func runPublish(ctx context.Context, pub publisher, plan pubPlan) *pubResult {
 	res := &pubResult{
-		perChanOK: make([]atomic.Int64, len(plan.channels)),
-		seqs:      make([]int64, len(plan.channels)),
-		errs:      map[string]int64{},
-		ordered:   plan.ordered,
+		seqs:     make([]int64, len(plan.channels)),
+		errs:     map[string]int64{},
+		ordered:  plan.ordered,
+		accepted: make([]seqSet, len(plan.channels)),
 	}
 	copy(res.seqs, plan.seqBase)
 	workers := max(plan.workers, 1)
@@ -184,6 +188,10 @@ func runPublish(ctx context.Context, pub publisher, plan pubPlan) *pubResult {
 				var err error
 				for try := 0; try <= plan.retries; try++ {
 					if ctx.Err() != nil {
+						if err == nil {
+							// never sent: a failure, not a success
+							err = ctx.Err()
+						}
 						break
 					}
 					began := time.Now()
@@ -204,7 +212,9 @@ func runPublish(ctx context.Context, pub publisher, plan pubPlan) *pubResult {
 					continue
 				}
 				res.ok.Add(1)
-				res.perChanOK[job.ch].Add(1)
+				res.mu.Lock()
+				res.accepted[job.ch].add(job.seq)
+				res.mu.Unlock()
 			}
 		}(queues[w])
 	}

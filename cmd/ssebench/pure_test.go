@@ -130,7 +130,7 @@ func TestClientAccounting(t *testing.T) {
 	if st.lat.Count() != 6 || st.lat.Max() != 9 {
 		t.Fatalf("latency n=%d max=%d", st.lat.Count(), st.lat.Max())
 	}
-	tl := countDelivered([]*client{c}, []int64{0, 0, 0, 0, 0, 0, 0, 4, 0, 1})
+	tl := countDelivered([]*client{c}, acceptedUpTo(0, 0, 0, 0, 0, 0, 0, 4, 0, 1))
 	if tl.expected != 5 || tl.unique != 4 || tl.lost != 1 || tl.complete != 0 {
 		t.Fatalf("tally %+v", tl)
 	}
@@ -372,9 +372,9 @@ func TestCountWire(t *testing.T) {
 		c.uniq[1].Store(int64(i % 7))
 		clients = append(clients, c)
 	}
-	ok := []int64{4, 5, 6}
-	want := countDelivered(clients, ok)
-	got := countWire([]*workerTally{workerTallyOf(clients[:10], 3, k), workerTallyOf(clients[10:], 3, k)}, ok)
+	acc := acceptedUpTo(4, 5, 6)
+	want := countDelivered(clients, acc)
+	got := countWire([]*workerTally{workerTallyOf(clients[:10], 3, k, acc), workerTallyOf(clients[10:], 3, k, acc)}, acc)
 	want.complete = 0
 	if got != want {
 		t.Fatalf("countWire %+v, countDelivered %+v", got, want)

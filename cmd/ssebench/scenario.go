@@ -866,50 +866,6 @@ func (r *runner) liveClients() []*client {
 	return out
 }
 
-// tally compares what clients received with what was published (ok per
-// channel).
-type tally struct {
-	expected, unique, lost, extra int64
-	complete                      int
-	clients                       int
-}
-
-func countDelivered(clients []*client, ok []int64) tally {
-	t := tally{clients: len(clients)}
-	for _, c := range clients {
-		full := true
-		for s, ch := range c.chans {
-			exp := ok[ch]
-			got := c.uniq[s].Load()
-			t.expected += exp
-			t.unique += min(got, exp)
-			if got < exp {
-				t.lost += exp - got
-				full = false
-			} else {
-				t.extra += got - exp
-			}
-		}
-		if full {
-			t.complete++
-		}
-	}
-	return t
-}
-
-func okPerChannel(results ...*pubResult) []int64 {
-	var ok []int64
-	for _, r := range results {
-		if ok == nil {
-			ok = make([]int64, len(r.perChanOK))
-		}
-		for i := range r.perChanOK {
-			ok[i] += r.perChanOK[i].Load()
-		}
-	}
-	return ok
-}
-
 func (r *runner) newPublisher() publisher {
 	if r.redisOpts != nil {
 		p := newRedisPublisher(r.redisOpts, r.cfg.redisPrefix, r.cfg.redisHistory, r.cfg.publishers+2, r.cfg.publishTimeout)
@@ -947,8 +903,9 @@ type streamSet interface {
 	begin() error
 	// received is how many events the streams received so far.
 	received() (int64, error)
-	// count compares what the streams received with ok per channel.
-	count(ok []int64) (tally, error)
+	// count compares what the streams received with what the server
+	// accepted per channel.
+	count(acc []chanAccepted) (tally, error)
 	// totals are the final figures (latency and the rest).
 	totals() (*statsTotals, error)
 }
@@ -965,8 +922,8 @@ func (l *localStreams) begin() error {
 	return nil
 }
 func (l *localStreams) received() (int64, error) { return l.r.eng.core().received(), nil }
-func (l *localStreams) count(ok []int64) (tally, error) {
-	return countDelivered(l.live, ok), nil
+func (l *localStreams) count(acc []chanAccepted) (tally, error) {
+	return countDelivered(l.live, acc), nil
 }
 func (l *localStreams) totals() (*statsTotals, error) { return l.r.eng.core().totals(), nil }
 
@@ -1020,12 +977,12 @@ func (r *runner) deliver(ss streamSet) error {
 	pubSecs := pres.end.Sub(pres.start).Seconds()
 
 	setPhase("drain")
-	ok := okPerChannel(pres)
+	acc := acceptedPerChannel(pres)
 	drainStart := time.Now()
 	drained := false
 	var t tally
 	for {
-		if t, err = ss.count(ok); err != nil {
+		if t, err = ss.count(acc); err != nil {
 			return err
 		}
 		if t.lost == 0 {
@@ -1130,11 +1087,11 @@ func (r *runner) reconnectStorm() error {
 		channels: r.names, count: n, chanOf: func(i int) int { return i }, workers: cfg.publishers, ordered: true,
 		event: cfg.eventType, idem: true, retries: 10,
 	})
-	okWarm := okPerChannel(warm)
+	accWarm := acceptedPerChannel(warm)
 	waitEnd := time.Now().Add(cfg.waitTimeout)
-	for countDelivered(live, okWarm).lost > 0 {
+	for countDelivered(live, accWarm).lost > 0 {
 		if time.Now().After(waitEnd) {
-			return fmt.Errorf("warm-up: %d clients did not get their first event", len(live)-countDelivered(live, okWarm).complete)
+			return fmt.Errorf("warm-up: %d clients did not get their first event", len(live)-countDelivered(live, accWarm).complete)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -1169,6 +1126,7 @@ func (r *runner) reconnectStorm() error {
 	}()
 	var (
 		pres                      *pubResult
+		acc                       []chanAccepted
 		reloadStatus              string
 		allReconnected, allEvents time.Duration
 		t                         tally
@@ -1192,7 +1150,10 @@ func (r *runner) reconnectStorm() error {
 			allReconnected = time.Since(t0)
 		}
 		if pres != nil {
-			t = countDelivered(live, okPerChannel(warm, pres))
+			if acc == nil {
+				acc = acceptedPerChannel(warm, pres)
+			}
+			t = countDelivered(live, acc)
 			if t.lost == 0 && allEvents == 0 {
 				allEvents = time.Since(t0)
 			}
@@ -1216,7 +1177,7 @@ func (r *runner) reconnectStorm() error {
 			reloadStatus = "still running"
 		}
 	}
-	t = countDelivered(live, okPerChannel(warm, pres))
+	t = countDelivered(live, acceptedPerChannel(warm, pres))
 	tot := r.eng.core().totals()
 	endBox()
 	after, _ := r.sample()
