@@ -1,9 +1,16 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -119,5 +126,52 @@ func TestCountWireFailedPublishes(t *testing.T) {
 	want.complete = 0
 	if got != want {
 		t.Fatalf("countWire %+v, countDelivered %+v", got, want)
+	}
+}
+
+// failingPublishes answers 500 to the publishes of events with sequence
+// number 5 (and delivers nothing for them); the rest goes to the hub.
+func failingPublishes(hub http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && r.URL.Path != "/load" {
+			body, _ := io.ReadAll(r.Body)
+			if bytes.Contains(body, []byte(`"s":5,`)) {
+				http.Error(w, `{"error":"nope"}`, http.StatusInternalServerError)
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		}
+		hub.ServeHTTP(w, r)
+	})
+}
+
+// A reconnect storm whose publishes failed does not pass: nothing is lost
+// of what the server accepted, but the tool cannot vouch for the rest.
+func TestReconnectFailsOnFailedPublishes(t *testing.T) {
+	base := serve(t, failingPublishes(newFakeSSE()))
+	cfgFile := filepath.Join(t.TempDir(), "Caddyfile")
+	if err := os.WriteFile(cfgFile, []byte("# reload\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"reconnect", "-conns", "20", "-events", "8", "-rate", "40", "-channel-prefix", "rf",
+		"-admin", strings.TrimPrefix(base, "http://"), "-config", cfgFile, "-close-jitter", "500ms"}, common(base)...)
+	cfg, err := parseArgs(args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	code := newRunner(cfg, &stdout, &stderr).run()
+	var res result
+	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
+		t.Fatal(err)
+	}
+	if code == 0 || res.OK || res.Publish == nil || res.Publish.Failed != 1 || !strings.Contains(res.Error, "1 publishes failed") {
+		t.Fatalf("exit %d ok %v publish %+v error %q: a storm with a failed publish passed\n%s", code, res.OK, res.Publish, res.Error, stderr.String())
+	}
+	if d := res.Delivery; d.Lost != 0 || d.Expected != 20*8 || d.PerS <= 0 || d.Received > 20*9 {
+		t.Fatalf("delivery %+v, want nothing lost of 20×8 accepted, a rate, and the storm's deliveries only", d)
+	}
+	if !strings.Contains(stderr.String(), "1 FAILED") {
+		t.Fatalf("the summary does not show the failed publish:\n%s", stderr.String())
 	}
 }

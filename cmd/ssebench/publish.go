@@ -289,6 +289,14 @@ func (r *pubResult) summary() *publishSummary {
 	return s
 }
 
+// failedNote is the summary's mention of failed publishes, if any.
+func failedNote(failed int64) string {
+	if failed == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", %d FAILED", failed)
+}
+
 func insecureTLS() *tls.Config {
 	return &tls.Config{InsecureSkipVerify: true} // loopback benchmarks against `tls internal`
 }
