@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"net/netip"
 	"net/url"
+	"strconv"
 	"strings"
 )
 
@@ -73,12 +75,51 @@ func checkLoopbackURL(ctx context.Context, raw string, lookup lookupFunc) (*url.
 
 // checkLoopbackAddr checks a host:port address (the admin endpoint).
 func checkLoopbackAddr(ctx context.Context, hostport string, lookup lookupFunc) error {
-	host, _, err := net.SplitHostPort(hostport)
-	if err != nil {
-		return fmt.Errorf("address %q: %v", hostport, err)
-	}
-	_, err = checkLoopbackHost(ctx, host, lookup)
+	_, err := loopbackAddrPort(ctx, hostport, lookup)
 	return err
+}
+
+// loopbackAddrPort checks a host:port address and returns the (first)
+// loopback address it resolves to, with the port.
+func loopbackAddrPort(ctx context.Context, hostport string, lookup lookupFunc) (netip.AddrPort, error) {
+	host, port, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("address %q: %v", hostport, err)
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("address %q: bad port", hostport)
+	}
+	addrs, err := checkLoopbackHost(ctx, host, lookup)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	return netip.AddrPortFrom(addrs[0].Unmap(), uint16(p)), nil
+}
+
+// adminClient returns a client for requests to the admin endpoint admin
+// (host:port). The endpoint was checked to be loopback, but what answers
+// there may redirect the tool (and the POSTed config of a reload) anywhere,
+// and a name may resolve elsewhere later: the client follows no redirect
+// (the caller sees the 3xx), uses no proxy, and dials only the loopback
+// address admin resolves to now, after the check. It keeps no idle
+// connection: the admin requests are few.
+func adminClient(ctx context.Context, admin string) (*http.Client, error) {
+	addr, err := loopbackAddrPort(ctx, admin, defaultLookup)
+	if err != nil {
+		return nil, fmt.Errorf("-admin: %v", err)
+	}
+	var dialer net.Dialer
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return dialer.DialContext(ctx, network, addr.String())
+		},
+		DisableKeepAlives: true,
+	}
+	return &http.Client{
+		Transport:     tr,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}, nil
 }
 
 // parseSourceRange parses "127.0.0.2-127.0.0.255" (or one address) into the

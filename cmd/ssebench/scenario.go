@@ -239,8 +239,12 @@ func (r *runner) serverMemStats() *memStats {
 func adminMemStats(admin string) *memStats {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	hc, err := adminClient(ctx, admin)
+	if err != nil {
+		return nil
+	}
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+admin+"/debug/vars", nil)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return nil
 	}
@@ -1262,7 +1266,11 @@ func (r *runner) reload(ctx context.Context) error {
 	}
 	req.Header.Set("Content-Type", ct)
 	req.Header.Set("Cache-Control", "must-revalidate")
-	resp, err := http.DefaultClient.Do(req)
+	hc, err := adminClient(ctx, cfg.admin)
+	if err != nil {
+		return err
+	}
+	resp, err := hc.Do(req)
 	if err != nil {
 		return err
 	}
@@ -1300,7 +1308,11 @@ func (r *runner) adminToFile(path, file string, timeout time.Duration) error {
 	if err != nil {
 		return err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	hc, err := adminClient(ctx, r.cfg.admin)
+	if err != nil {
+		return err
+	}
+	resp, err := hc.Do(req)
 	if err != nil {
 		return err
 	}
@@ -1332,8 +1344,12 @@ func (r *runner) serverGoroutines() int {
 func adminGoroutines(admin string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	hc, err := adminClient(ctx, admin)
+	if err != nil {
+		return 0
+	}
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+admin+"/debug/pprof/goroutine?debug=1", nil)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return 0
 	}
