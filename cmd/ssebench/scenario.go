@@ -484,6 +484,8 @@ func resolveTarget(ctx context.Context, raw string, lookup lookupFunc) (*target,
 
 func (r *runner) setup() error {
 	cfg := r.cfg
+	// for resolving and checking the addresses; the spawn and the Redis
+	// check after it have their own limits
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for i, raw := range cfg.urls {
@@ -542,7 +544,7 @@ func (r *runner) setup() error {
 		return err
 	}
 	if cfg.publishRedis != "" {
-		if err := r.setupRedisPublish(ctx); err != nil {
+		if err := r.setupRedisPublish(); err != nil {
 			return err
 		}
 	}
@@ -880,8 +882,12 @@ func (r *runner) newPublisher() publisher {
 }
 
 // setupRedisPublish resolves -publish-redis (after the spawn: "spawned" is
-// the spawned Redis) and checks that Redis answers.
-func (r *runner) setupRedisPublish(ctx context.Context) error {
+// the spawned Redis) and checks that Redis answers. It has its own time
+// limit: the spawn before it may have taken up to -spawn-wait, longer than
+// the rest of the setup's.
+func (r *runner) setupRedisPublish() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	if r.cfg.publishRedis == "spawned" {
 		opts, err := parseRedisURL(ctx, r.redisURL)
 		if err != nil {
