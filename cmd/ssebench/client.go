@@ -122,8 +122,6 @@ func (c *client) onEvent(typ, data, _ []byte) {
 		st.foreign++
 		return
 	}
-	st.lat.Record(c.now - ev.t)
-	st.received.Add(1)
 	s := c.slot(ev.ch)
 	if s < 0 {
 		st.foreign++
@@ -145,6 +143,10 @@ func (c *client) onEvent(typ, data, _ []byte) {
 	}
 	set.add(ev.seq)
 	c.uniq[s].Add(1)
+	// only here: a duplicate (a replay's, say) would inflate the
+	// deliveries/s and bring its own, late, latency
+	st.lat.Record(c.now - ev.t)
+	st.received.Add(1)
 }
 
 // maxSeq bounds the sequence numbers tracked (the bitset of one channel).
@@ -227,9 +229,11 @@ func (c *client) lastEventID() string { return string(c.parser.lastID) }
 // stats is where a group of clients records: one per epoll worker, or a
 // shard of the goroutine engine. mu guards everything but the atomics.
 type stats struct {
-	mu              sync.Mutex
-	lat             histogram // publish → receive
-	connLat         histogram // attempt → response head
+	mu      sync.Mutex
+	lat     histogram // publish → receive, of the received events
+	connLat histogram // attempt → response head
+	// received counts the distinct events of the clients' channels (no
+	// duplicate, no foreign one): the deliveries.
 	received        atomic.Int64
 	dupes           int64
 	reordered       int64
