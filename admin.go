@@ -3,6 +3,8 @@ package caddysse
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -117,21 +119,40 @@ func statsTop(r *http.Request) (int, error) {
 	return n, nil
 }
 
-// pooledStatsSources returns the hubs in use, by backend name.
-func pooledStatsSources() []statsSource {
-	var out []statsSource
-	hubs.Range(func(_, val any) bool {
+// pooledSource is a hub in use and the name the stats give it.
+type pooledSource struct {
+	statsSource
+	name string
+}
+
+// pooledStatsSources returns the hubs in use, by backend name. Handlers
+// that name the same Redis with other connection settings (a pool size, a
+// timeout) have hubs of their own, of the same name: each is told apart by
+// a short hash of its settings (its key in the pool).
+func pooledStatsSources() []pooledSource {
+	var out []pooledSource
+	var keys []string
+	named := map[string]int{}
+	hubs.Range(func(key, val any) bool {
 		if src, ok := val.(statsSource); ok {
-			out = append(out, src)
+			out = append(out, pooledSource{src, src.Name()})
+			keys = append(keys, fmt.Sprint(key))
+			named[src.Name()]++
 		}
 		return true
 	})
-	slices.SortFunc(out, func(a, b statsSource) int { return cmp.Compare(a.Name(), b.Name()) })
+	for i := range out {
+		if named[out[i].name] > 1 {
+			sum := sha256.Sum256([]byte(keys[i]))
+			out[i].name += " settings " + hex.EncodeToString(sum[:3])
+		}
+	}
+	slices.SortFunc(out, func(a, b pooledSource) int { return cmp.Compare(a.name, b.name) })
 	return out
 }
 
-func collectHubStats(ctx context.Context, src statsSource, n int) hubStats {
-	hs := hubStats{Backend: src.Name(), OpenStreams: src.Census().Total()}
+func collectHubStats(ctx context.Context, src pooledSource, n int) hubStats {
+	hs := hubStats{Backend: src.name, OpenStreams: src.Census().Total()}
 	channels, nChannels := src.TopChannels(n)
 	principals, nPrincipals := src.Census().TopPrincipals(n)
 	hs.Channels, hs.Principals = nChannels, nPrincipals
@@ -163,8 +184,9 @@ func addClusterCounts(ctx context.Context, counter pubsub.LeaseCounter, stats []
 		return err.Error()
 	}
 	for i := range stats {
-		n := counts[stats[i].Principal]
-		stats[i].ClusterStreams = &n
+		if n, ok := counts[stats[i].Principal]; ok {
+			stats[i].ClusterStreams = &n
+		}
 	}
 	return ""
 }

@@ -36,11 +36,12 @@ type metrics struct {
 	backend         *backendCollector
 }
 
-// subscribeRefusals are the reasons a stream is refused, counted from zero
-// so that dashboards and alerts see them before the first one happens.
-var subscribeRefusals = []string{
+// watchedRefusals are the reasons a stream is refused, and a publish's
+// failure (its backend down), counted from zero so that dashboards and
+// alerts see them before the first one happens.
+var watchedRefusals = []string{
 	"principal_unresolved", "channel_unresolved", "channel_invalid", "too_many_channels",
-	"throttled", "too_many_connections", "server_full",
+	"throttled", "too_many_connections", "server_full", "publish_failed",
 }
 
 func newMetrics() *metrics {
@@ -69,7 +70,7 @@ func newMetrics() *metrics {
 			Buckets: prometheus.ExponentialBuckets(1, 2, 12)}),
 		backend: newBackendCollector(),
 	}
-	for _, reason := range subscribeRefusals {
+	for _, reason := range watchedRefusals {
 		m.rejections.WithLabelValues(reason)
 	}
 	return m
@@ -209,7 +210,7 @@ func newBackendCollector() *backendCollector {
 		up: prometheus.NewDesc("caddy_sse_redis_up",
 			"1 if every Redis backend in use is reachable, else 0.", nil, nil),
 		reconnects: prometheus.NewDesc("caddy_sse_redis_reconnects_total",
-			"Reconnections to Redis backends.", nil, nil),
+			"Connections to Redis backends made again after one was lost (one per outage, however many attempts it took).", nil, nil),
 		channels: prometheus.NewDesc("caddy_sse_redis_channels_subscribed",
 			"Channels subscribed to on Redis backends.", nil, nil),
 	}

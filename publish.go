@@ -135,6 +135,7 @@ func cmpOr(a, b error) error {
 
 func (h *Handler) answerPublish(w http.ResponseWriter, r *http.Request, reply *publishReply, failure *errorBody) error {
 	if failure != nil {
+		h.metrics.rejection(failure.Error) // logged by publishAll, with its channels
 		w.Header().Set("Retry-After", "1")
 		writeJSON(w, r, http.StatusServiceUnavailable, failure)
 		return nil

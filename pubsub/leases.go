@@ -34,7 +34,7 @@ type Lease interface {
 
 // LeaseCounter is implemented by leases shared by several instances (the
 // Redis backend): Counts returns how many leases each principal holds across
-// all of them. The admin stats endpoint uses it for the cluster-wide count
+// all of them, leaving out the principals this instance holds no lease of. The admin stats endpoint uses it for the cluster-wide count
 // per principal; the in-process MemoryLeases do not implement it, since
 // their count is this instance's own (see Census).
 type LeaseCounter interface {

@@ -1,6 +1,9 @@
 package pubsub
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+)
 
 // WithIdempotency makes the hub keep Idempotency-Key replies in s instead
 // of this process's memory, e.g. in Redis for every instance.
@@ -26,7 +29,7 @@ func NewRedisHub(opts RedisOptions) (*Hub, error) {
 	throttles := NewRedisThrottles(broker)
 	throttles.follow(hub)
 	for _, opt := range []HubOption{
-		WithName("redis " + strings.Join(broker.opts.Addrs, ",") + " " + broker.opts.Prefix),
+		WithName(redisHubName(broker.opts)),
 		WithLeases(leases),
 		WithThrottles(throttles),
 		WithIdempotency(NewRedisIdempotency(broker)),
@@ -34,4 +37,18 @@ func NewRedisHub(opts RedisOptions) (*Hub, error) {
 		opt(hub)
 	}
 	return hub, nil
+}
+
+// redisHubName names a Redis hub for people (the admin stats): its
+// addresses, the Sentinel master and the database where they are set, and
+// the key prefix — what tells two Redis backends apart.
+func redisHubName(o RedisOptions) string {
+	name := "redis " + strings.Join(o.Addrs, ",")
+	if o.MasterName != "" {
+		name += " master " + o.MasterName
+	}
+	if o.DB != 0 {
+		name += " db " + strconv.Itoa(o.DB)
+	}
+	return name + " " + o.Prefix
 }

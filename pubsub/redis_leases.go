@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -254,8 +255,14 @@ func (r *RedisLeases) removed() {
 }
 
 // Counts returns how many live leases each principal holds across every
-// instance.
+// instance, for the principals of which this instance holds a lease: a
+// principal's streams here that hold none are on routes without a cap,
+// which count nothing in Redis (a count of 0 beside them would be wrong).
 func (r *RedisLeases) Counts(ctx context.Context, principals []string) (map[string]int, error) {
+	principals = r.holders(principals)
+	if len(principals) == 0 {
+		return map[string]int{}, nil
+	}
 	now := strconv.FormatInt(time.Now().UnixMilli(), 10)
 	pipe := r.b.client.Pipeline()
 	cmds := make([]*redis.IntCmd, len(principals))
@@ -270,6 +277,23 @@ func (r *RedisLeases) Counts(ctx context.Context, principals []string) (map[stri
 		out[p] = int(cmds[i].Val())
 	}
 	return out, nil
+}
+
+// holders returns those of principals of which this instance holds a
+// lease.
+func (r *RedisLeases) holders(principals []string) []string {
+	wanted := make(map[string]bool, len(principals))
+	for _, p := range principals {
+		wanted[p] = false
+	}
+	r.mu.Lock()
+	for l := range r.held {
+		if _, ok := wanted[l.principal]; ok {
+			wanted[l.principal] = true
+		}
+	}
+	r.mu.Unlock()
+	return slices.DeleteFunc(slices.Clone(principals), func(p string) bool { return !wanted[p] })
 }
 
 // Close releases every lease and stops the renewals.

@@ -191,16 +191,23 @@ func (s *shard) close() {
 }
 
 // run keeps the shard's connection up: connect, subscribe every key,
-// receive until the connection fails, back off, again.
+// receive until the connection fails, back off, again. A reconnection is
+// counted once a connection is made after one failed, however many
+// attempts failed in between.
 func (s *shard) run() {
 	defer s.w.wg.Done()
 	backoff := 50 * time.Millisecond
+	lost := false
 	for {
 		ps, err := s.connect()
 		if ps == nil {
 			return // closed
 		}
 		if err == nil {
+			if lost {
+				s.w.b.reconnects.Add(1)
+				lost = false
+			}
 			err = s.receive(ps)
 		}
 		_ = ps.Close()
@@ -213,7 +220,7 @@ func (s *shard) run() {
 		}
 		if err != nil {
 			s.w.b.unavailable(err)
-			s.w.b.reconnects.Add(1)
+			lost = true
 		}
 		s.relocate()
 		if !s.waitToReconnect(backoff) {

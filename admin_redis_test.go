@@ -1,0 +1,221 @@
+package caddysse
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddy-sse/caddy-sse/internal/redistest"
+)
+
+// metricsRedisSite is redisSite with a /metrics on the same site.
+func metricsRedisSite(url string, extra ...string) string {
+	return strings.Replace(redisSite(url, extra...), ":{PORT} {", ":{PORT} {\n\tmetrics /metrics", 1)
+}
+
+// Without max_connections_per_principal a stream takes no lease, so Redis
+// has no cross-instance count of its principal: /sse/stats leaves
+// cluster_streams out rather than answer 0 beside a stream right here.
+func TestClusterStreamsLeftOutWithoutACap(t *testing.T) {
+	rds := redistest.Start(t)
+	srv, admin := startCaddyWithAdmin(t, redisSite(rds.URL(), "principal {query.user}"))
+	srv.subscribe("/events?channels=a&user=u1", nil).comment("ok")
+	status, got := getStats(t, admin+"/sse/stats")
+	if status != 200 || len(got.Hubs) != 1 || len(got.Hubs[0].TopPrincipals) != 1 {
+		t.Fatalf("stats: %d %+v", status, got)
+	}
+	p := got.Hubs[0].TopPrincipals[0]
+	if p.Streams != 1 {
+		t.Fatalf("principal %+v", p)
+	}
+	if p.ClusterStreams != nil {
+		t.Fatalf("cluster_streams = %d for a principal whose %d stream(s) here hold no lease", *p.ClusterStreams, p.Streams)
+	}
+}
+
+// caddy_sse_rejections_total counts publish refusals too: a publish
+// answered 503 publish_failed (Redis down) is counted under its code.
+func TestAFailedPublishIsCountedAsARejection(t *testing.T) {
+	rds := redistest.Start(t)
+	srv := startCaddy(t, metricsRedisSite(rds.URL()))
+	srv.publish("/events", map[string]any{"channel": "a", "data": "x"})
+	rds.Kill()
+	status, body := srv.post("/events", "application/json", mustJSON(t, map[string]any{"channel": "a", "data": "y"}), nil)
+	if status != http.StatusServiceUnavailable || !strings.Contains(string(body), "publish_failed") {
+		t.Fatalf("publish with Redis down: %d %s", status, body)
+	}
+	scrape := srv.scrape()
+	if !strings.Contains(scrape, `caddy_sse_rejections_total{reason="publish_failed"}`) {
+		t.Fatalf("a 503 publish_failed is not in caddy_sse_rejections_total:\n%s", grepLines(scrape, "caddy_sse_rejections_total"))
+	}
+	if got := metric(t, scrape, `caddy_sse_rejections_total{reason="publish_failed"}`); got != 1 {
+		t.Fatalf("publish_failed = %v, want 1", got)
+	}
+}
+
+// One outage of one Redis is one reconnection; caddy_sse_redis_up follows
+// the outage (0 while down, 1 once back).
+func TestOneRedisOutageIsOneReconnection(t *testing.T) {
+	rds := redistest.Start(t)
+	srv := startCaddy(t, metricsRedisSite(rds.URL()))
+	c := srv.subscribe("/events?channels=a", nil)
+	c.comment("ok")
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
+	if got := metric(t, srv.scrape(), "caddy_sse_redis_reconnects_total"); got != 0 {
+		t.Fatalf("reconnects before any outage: %v", got)
+	}
+	rds.Kill()
+	eventually(t, "redis_up to be 0 after the kill", func() bool {
+		return metric(t, srv.scrape(), "caddy_sse_redis_up") == 0
+	})
+	time.Sleep(1500 * time.Millisecond) // an outage of several reconnection attempts (backoff from 50 ms)
+	rds.Restart()
+	eventually(t, "redis_up to be 1 after the restart", func() bool {
+		return metric(t, srv.scrape(), "caddy_sse_redis_up") == 1
+	})
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
+	if got := metric(t, srv.scrape(), "caddy_sse_redis_reconnects_total"); got != 1 {
+		t.Fatalf("caddy_sse_redis_reconnects_total = %v after one outage, want 1 (not one per failed attempt)", got)
+	}
+}
+
+// Two Redis databases on one server are two backends; /sse/stats must tell
+// them apart.
+func TestStatsNameTwoDatabasesApart(t *testing.T) {
+	rds := redistest.Start(t)
+	srv, admin := startCaddyWithAdmin(t, fmt.Sprintf(`
+:{PORT} {
+	sse /zero {
+		channel {query.channels}
+		redis %s/0
+	}
+	sse /one {
+		channel {query.channels}
+		redis %s/1
+	}
+}
+`, rds.URL(), rds.URL()))
+	srv.subscribe("/zero?channels=a", nil).comment("ok")
+	srv.subscribe("/one?channels=b", nil).comment("ok")
+	_, got := getStats(t, admin+"/sse/stats")
+	if len(got.Hubs) != 2 {
+		t.Fatalf("hubs: %+v", got.Hubs)
+	}
+	if got.Hubs[0].Backend == got.Hubs[1].Backend {
+		t.Fatalf("two backends (db 0 and db 1) are both listed as %q", got.Hubs[0].Backend)
+	}
+}
+
+// Two handlers on the same Redis and prefix that differ only in a
+// connection setting get a hub each (README): /sse/stats tells them apart
+// by a hash of their settings.
+func TestStatsTellHubsOfOneRedisApart(t *testing.T) {
+	rds := redistest.Start(t)
+	srv, admin := startCaddyWithAdmin(t, fmt.Sprintf(`
+:{PORT} {
+	sse /a {
+		channel {query.channels}
+		redis %s
+	}
+	sse /b {
+		channel {query.channels}
+		redis {
+			url %s
+			pool_size 7
+		}
+	}
+}
+`, rds.URL(), rds.URL()))
+	srv.subscribe("/a?channels=x", nil).comment("ok")
+	srv.subscribe("/b?channels=x", nil).comment("ok")
+	_, got := getStats(t, admin+"/sse/stats")
+	var names []string
+	for _, h := range got.Hubs {
+		names = append(names, h.Backend)
+	}
+	if len(names) != 2 || names[0] == names[1] || !strings.Contains(names[0], " settings ") {
+		t.Fatalf("hubs of one Redis with two pool sizes listed as %q", names)
+	}
+}
+
+func grepLines(text, sub string) string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// On a Redis Cluster, the principals' leases live on several primaries:
+// cluster_streams counts each principal where its lease lives, including
+// another instance's lease.
+func TestClusterStreamsOnARedisCluster(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	srv, admin := startCaddyWithAdmin(t, `
+:{PORT} {
+	sse /events {
+		channel {query.channels}
+		principal {query.user}
+		max_connections_per_principal 5
+		redis {
+			addresses `+strings.Join(cluster.Addrs(), " ")+`
+		}
+	}
+}
+`)
+	users := []string{"a", "b", "c"} // lease keys sse:lease:{a} ... on three primaries
+	owners := map[string]bool{}
+	for _, u := range users {
+		srv.subscribe("/events?channels=x&user="+u, nil).comment("ok")
+		owners[cluster.NodeOfSlot(t, redistest.SlotOf(u)).Addr()] = true
+	}
+	if len(owners) != 3 {
+		t.Fatalf("leases on %d primaries, want 3", len(owners))
+	}
+	node := cluster.NodeOfSlot(t, redistest.SlotOf("b"))
+	node.MustCLI("ZADD", "sse:lease:{b}", fmt.Sprint(time.Now().Add(time.Minute).UnixMilli()), "other-instance:1")
+	status, got := getStats(t, admin+"/sse/stats")
+	if status != 200 || len(got.Hubs) != 1 || got.Hubs[0].ClusterError != "" || len(got.Hubs[0].TopPrincipals) != 3 {
+		t.Fatalf("stats: %d %+v", status, got)
+	}
+	for _, p := range got.Hubs[0].TopPrincipals {
+		want := 1
+		if p.Principal == "b" {
+			want = 2
+		}
+		if p.ClusterStreams == nil || *p.ClusterStreams != want {
+			t.Errorf("%s: cluster_streams %v, want %d", p.Principal, p.ClusterStreams, want)
+		}
+	}
+}
+
+// caddy_sse_redis_channels_subscribed goes back to 0 once the streams end,
+// and after a reload closes them.
+func TestRedisChannelsSubscribedReturnsToZero(t *testing.T) {
+	rds := redistest.Start(t)
+	site := metricsRedisSite(rds.URL(), "close_jitter off")
+	srv := startCaddy(t, site)
+	c := srv.subscribe("/events?channels=a,b", nil)
+	rds.WaitShardSubscribers(t, "sse:{b}", 1)
+	if got := metric(t, srv.scrape(), "caddy_sse_redis_channels_subscribed"); got != 2 {
+		t.Fatalf("channels_subscribed %v, want 2", got)
+	}
+	c.close()
+	eventually(t, "channels_subscribed back to 0", func() bool {
+		return metric(t, srv.scrape(), "caddy_sse_redis_channels_subscribed") == 0
+	})
+	d := srv.subscribe("/events?channels=c", nil)
+	rds.WaitShardSubscribers(t, "sse:{c}", 1)
+	srv.reload(site)
+	if ev := d.next(); ev.Type != "server_closing" {
+		t.Fatalf("got %+v", ev)
+	}
+	eventually(t, "channels_subscribed back to 0 after the reload", func() bool {
+		s := srv.scrape()
+		return metric(t, s, "caddy_sse_redis_channels_subscribed") == 0 && metric(t, s, "caddy_sse_streams_open") == 0
+	})
+}
