@@ -31,6 +31,20 @@ func TestFanoutFailsOnDuplicates(t *testing.T) {
 		hub.ServeHTTP(w, r)
 	}))
 	args := append([]string{"fanout", "-engine", "std", "-conns", "20", "-rate", "20", "-duration", "1s"}, common(base)...)
+	code, res, _ := runTool(t, args)
+	t.Logf("exit %d ok=%v lost=%d dupes=%d", code, res.OK, res.Delivery.Lost, res.Delivery.Dupes)
+	if res.Delivery.Dupes == 0 {
+		t.Fatal("the fake did not duplicate")
+	}
+	if code == 0 || res.OK {
+		t.Errorf("fanout with %d duplicated deliveries passed (exit %d, ok %v)", res.Delivery.Dupes, code, res.OK)
+	}
+}
+
+// runTool runs the tool with args and returns its exit code, its JSON line
+// and what it wrote to stderr.
+func runTool(t *testing.T, args []string) (int, result, *bytes.Buffer) {
+	t.Helper()
 	cfg, err := parseArgs(args)
 	if err != nil {
 		t.Fatal(err)
@@ -41,11 +55,5 @@ func TestFanoutFailsOnDuplicates(t *testing.T) {
 	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("exit %d ok=%v lost=%d dupes=%d", code, res.OK, res.Delivery.Lost, res.Delivery.Dupes)
-	if res.Delivery.Dupes == 0 {
-		t.Fatal("the fake did not duplicate")
-	}
-	if code == 0 || res.OK {
-		t.Errorf("fanout with %d duplicated deliveries passed (exit %d, ok %v)", res.Delivery.Dupes, code, res.OK)
-	}
+	return code, res, &stderr
 }

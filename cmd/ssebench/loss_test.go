@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -155,16 +154,7 @@ func TestReconnectFailsOnFailedPublishes(t *testing.T) {
 	}
 	args := append([]string{"reconnect", "-conns", "20", "-events", "8", "-rate", "40", "-channel-prefix", "rf",
 		"-admin", strings.TrimPrefix(base, "http://"), "-config", cfgFile, "-close-jitter", "500ms"}, common(base)...)
-	cfg, err := parseArgs(args)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stdout, stderr bytes.Buffer
-	code := newRunner(cfg, &stdout, &stderr).run()
-	var res result
-	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
-		t.Fatal(err)
-	}
+	code, res, stderr := runTool(t, args)
 	if code == 0 || res.OK || res.Publish == nil || res.Publish.Failed != 1 || !strings.Contains(res.Error, "1 publishes failed") {
 		t.Fatalf("exit %d ok %v publish %+v error %q: a storm with a failed publish passed\n%s", code, res.OK, res.Publish, res.Error, stderr.String())
 	}
