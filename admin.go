@@ -171,11 +171,17 @@ func collectHubStats(ctx context.Context, src pooledSource, n int) hubStats {
 }
 
 // addClusterCounts asks shared leases for the cluster-wide count of each
-// listed principal; it returns the error text if they could not answer.
+// listed principal that holds a lease here (a principal whose streams here
+// hold none has no count: 0 beside them would be wrong); it returns the
+// error text if they could not answer.
 func addClusterCounts(ctx context.Context, counter pubsub.LeaseCounter, stats []principalStat) string {
 	names := make([]string, len(stats))
 	for i, p := range stats {
 		names[i] = p.Principal
+	}
+	names = counter.Holders(names)
+	if len(names) == 0 {
+		return ""
 	}
 	ctx, cancel := context.WithTimeout(ctx, clusterCountTimeout)
 	defer cancel()

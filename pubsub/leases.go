@@ -34,11 +34,14 @@ type Lease interface {
 
 // LeaseCounter is implemented by leases shared by several instances (the
 // Redis backend): Counts returns how many leases each principal holds across
-// all of them, leaving out the principals this instance holds no lease of. The admin stats endpoint uses it for the cluster-wide count
-// per principal; the in-process MemoryLeases do not implement it, since
-// their count is this instance's own (see Census).
+// all of them, and Holders which of principals hold a lease here (streams on
+// routes without a cap take none, so their principals have no count). The
+// admin stats endpoint uses them for the cluster-wide count per principal;
+// the in-process MemoryLeases do not implement it, since their count is this
+// instance's own (see Census).
 type LeaseCounter interface {
 	Counts(ctx context.Context, principals []string) (map[string]int, error)
+	Holders(principals []string) []string
 }
 
 // MemoryLeases are the leases of one process: the cap holds per instance.

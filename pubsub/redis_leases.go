@@ -255,14 +255,8 @@ func (r *RedisLeases) removed() {
 }
 
 // Counts returns how many live leases each principal holds across every
-// instance, for the principals of which this instance holds a lease: a
-// principal's streams here that hold none are on routes without a cap,
-// which count nothing in Redis (a count of 0 beside them would be wrong).
+// instance.
 func (r *RedisLeases) Counts(ctx context.Context, principals []string) (map[string]int, error) {
-	principals = r.holders(principals)
-	if len(principals) == 0 {
-		return map[string]int{}, nil
-	}
 	now := strconv.FormatInt(time.Now().UnixMilli(), 10)
 	pipe := r.b.client.Pipeline()
 	cmds := make([]*redis.IntCmd, len(principals))
@@ -279,9 +273,9 @@ func (r *RedisLeases) Counts(ctx context.Context, principals []string) (map[stri
 	return out, nil
 }
 
-// holders returns those of principals of which this instance holds a
+// Holders returns those of principals of which this instance holds a
 // lease.
-func (r *RedisLeases) holders(principals []string) []string {
+func (r *RedisLeases) Holders(principals []string) []string {
 	wanted := make(map[string]bool, len(principals))
 	for _, p := range principals {
 		wanted[p] = false
