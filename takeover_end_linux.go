@@ -37,7 +37,8 @@ func (l *pollLoop) end(s *stream, err error) {
 // errStopping ends the streams still open when the loops stop.
 var errStopping = errors.New("the server is stopping")
 
-// endAll ends every stream when the loop stops. A cleartext stream lent to
+// endAll ends every stream when the loop stops; one told to close says its
+// server_closing first, as it would have on the loop. A cleartext stream lent to
 // a goroutine is only shut down: the goroutine may be in the middle of a
 // write(2) on its descriptor, and a descriptor closed under it could be
 // given to a new connection that would then receive this stream's bytes.
@@ -59,6 +60,12 @@ func (l *pollLoop) endAll() {
 	}
 	l.mu.Unlock()
 	for _, s := range streams {
+		if n := s.closing.Load(); n != nil {
+			// told to close, not serviced yet (run took the stop before
+			// the kick): its last words, if its socket takes them now
+			l.close(s, n)
+			continue
+		}
 		l.end(s, errStopping)
 	}
 	select {

@@ -300,3 +300,20 @@ func TestLoopStoppingLeavesALentStreamsDescriptorToItsGoroutine(t *testing.T) {
 		}
 	}
 }
+
+// A stream told to close (a reload) that the loop had not serviced yet when
+// it stopped — the loop's select took the stop before the kick — still gets
+// its server_closing and the end of its body, not a bare close: the loop
+// stopping must not cost a client its last words (SPEC S8).
+func TestLoopStoppingSaysTheLastWordsOfAStreamToldToClose(t *testing.T) {
+	l, h := testLoop(t, false), loopTestHandler()
+	fd, peer := socketPair(t)
+	s := newStream(h, []string{"a"})
+	l.adopt(s, &tconn{loop: l, fd: int32(fd)})
+	s.close(&closeNotice{reason: "reload", retry: 3 * time.Second}) // scheduled, never serviced
+	l.endAll()
+	got := readUntil(t, peer, "0\r\n\r\n")
+	if !strings.Contains(got, "event: server_closing\n") || !strings.Contains(got, `"reason":"reload"`) {
+		t.Fatalf("the stream ended with %q, without its server_closing", got)
+	}
+}
