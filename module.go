@@ -7,6 +7,7 @@ package caddysse
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"strings"
@@ -213,7 +214,7 @@ type Handler struct {
 	closedByServer    bool // its server's shutdown hook tells its streams (closeStreamsOnShutdown)
 	hubKey            string
 	streams           *registry
-	secret            []byte
+	secret            []byte // the SHA-256 digest of the publish secret
 	limits            replay.Limits
 	metrics           *metrics
 }
@@ -348,7 +349,10 @@ func (h *Handler) provisionSecret() error {
 	case err != nil || strings.TrimSpace(secret) == "":
 		return errors.New("publish: the secret is empty (is its environment variable set?); an empty secret would let anyone publish")
 	}
-	h.secret = []byte(secret)
+	// a header cannot carry the whitespace around a secret (a newline
+	// left by an env file, a mounted secret): kept, it could never match
+	sum := sha256.Sum256([]byte(strings.TrimSpace(secret)))
+	h.secret = sum[:]
 	return nil
 }
 

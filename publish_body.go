@@ -36,6 +36,11 @@ func badRequest(code, format string, args ...any) *rejection {
 // {"channel": "a" | ["a", ...], "event": "t", "data": <string | any JSON>}
 // or form fields channel (repeatable), event and data.
 func (h *Handler) readPublish(w http.ResponseWriter, r *http.Request) (*publishRequest, *rejection) {
+	if ce := r.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		// read as it is, a compressed body would be refused as malformed,
+		// and a plain one labelled gzip published as if it were plain
+		return nil, &rejection{status: http.StatusUnsupportedMediaType, code: "unsupported_media_type", detail: "send the body without a Content-Encoding"}
+	}
 	mediaType, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	// a JSON string may escape each byte of the data into 6, so the body
 	// limit is looser than max_event_size; the data itself is checked after
@@ -97,14 +102,9 @@ func readJSONPublish(r *http.Request) (*publishRequest, *rejection) {
 	if !utf8.Valid(body) {
 		return nil, badRequest("body_invalid", "the body is not valid UTF-8")
 	}
-	var in jsonPublish
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&in); err != nil {
+	in, err := decodeJSONPublish(body)
+	if err != nil {
 		return nil, badRequest("json_invalid", "%v", err)
-	}
-	if dec.More() {
-		return nil, badRequest("json_invalid", "trailing data after the JSON object")
 	}
 	req := &publishRequest{}
 	var rej *rejection
@@ -118,6 +118,46 @@ func readJSONPublish(r *http.Request) (*publishRequest, *rejection) {
 		return nil, rej
 	}
 	return req, nil
+}
+
+// decodeJSONPublish reads the body's one JSON object strictly: the fields
+// channel, event and data, each at most once and spelt exactly so, and
+// nothing after the object. encoding/json alone would take the last of a
+// repeated field, "Channel" for "channel", and stop before a stray "}":
+// what a proxy or a log in front read might not be what is published.
+func decodeJSONPublish(body []byte) (jsonPublish, error) {
+	var in jsonPublish
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return in, errors.New("the body must be one JSON object")
+	}
+	fields := map[string]*json.RawMessage{"channel": &in.Channel, "event": &in.Event, "data": &in.Data}
+	seen := make(map[string]bool, len(fields))
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return in, err
+		}
+		name, _ := tok.(string)
+		switch field := fields[name]; {
+		case field == nil:
+			return in, fmt.Errorf("unknown field %q", name)
+		case seen[name]:
+			return in, fmt.Errorf("field %q given twice", name)
+		default:
+			seen[name] = true
+			if err := dec.Decode(field); err != nil {
+				return in, err
+			}
+		}
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return in, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return in, errors.New("trailing data after the JSON object")
+	}
+	return in, nil
 }
 
 // jsonEvent returns the event type, a string.
@@ -281,9 +321,6 @@ func (h *Handler) validatePublish(req *publishRequest) *rejection {
 	if len(req.channels) == 0 {
 		return badRequest("channel_missing", "name at least one channel")
 	}
-	if len(req.channels) > h.MaxChannels {
-		return badRequest("too_many_channels", "%d channels, at most %d", len(req.channels), h.MaxChannels)
-	}
 	seen := make(map[string]bool, len(req.channels))
 	unique := req.channels[:0:0]
 	for _, c := range req.channels {
@@ -296,6 +333,9 @@ func (h *Handler) validatePublish(req *publishRequest) *rejection {
 		}
 	}
 	req.channels = unique
+	if len(req.channels) > h.MaxChannels { // counted once each, as they are published
+		return badRequest("too_many_channels", "%d channels, at most %d", len(req.channels), h.MaxChannels)
+	}
 	switch {
 	case wire.IsReservedType(req.event):
 		return badRequest("event_reserved", "%q is an event type of the module itself", req.event)

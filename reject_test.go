@@ -255,6 +255,15 @@ func TestPublishRejections(t *testing.T) {
 		{"bad json", jsonHdr, `{"channel":`, 400, "json_invalid"},
 		{"unknown field", jsonHdr, `{"chanel":"a"}`, 400, "json_invalid"},
 		{"trailing data", jsonHdr, `{"channel":"a"} {}`, 400, "json_invalid"},
+		{"a stray closing brace", jsonHdr, `{"channel":"a","data":"x"}}`, 400, "json_invalid"},
+		{"stray closing brackets", jsonHdr, `{"channel":"a","data":"x"} ]]]`, 400, "json_invalid"},
+		{"not an object", jsonHdr, `["a"]`, 400, "json_invalid"},
+		// the last of a repeated field would win: a proxy that checked the
+		// first would not have checked what is published
+		{"a field given twice", jsonHdr, `{"channel":"a","channel":"b"}`, 400, "json_invalid"},
+		{"a field in other case", jsonHdr, `{"channel":"a","Channel":"b"}`, 400, "json_invalid"},
+		{"data given twice", jsonHdr, `{"channel":"a","data":"x","data":"y"}`, 400, "json_invalid"},
+		{"a content encoding", header("Content-Type", "application/json", "Content-Encoding", "gzip", "Authorization", "Bearer "+testSecret), `{"channel":"a"}`, 415, "unsupported_media_type"},
 		{"no channel", jsonHdr, `{"data":"x"}`, 400, "channel_missing"},
 		{"channel not a string", jsonHdr, `{"channel":5}`, 400, "channel_invalid"},
 		{"invalid channel", jsonHdr, `{"channel":"a,b"}`, 400, "channel_invalid"},
@@ -295,6 +304,7 @@ func TestPublishRejections(t *testing.T) {
 		}
 	})
 	for name, body := range map[string]string{
+		"a channel named thrice counts once":           `{"channel":["a","a","a"],"data":"x"}`,
 		"escaped U+FFFD is data, not a lone surrogate": `{"channel":"a","data":"\ufffd"}`,
 		"a surrogate pair is one character":            `{"channel":"a","event":"\ud83d\ude00","data":"\uD83D\uDE00"}`,
 		"an escaped backslash before ud800 is text":    `{"channel":"a","data":"\\ud800"}`,
@@ -349,5 +359,26 @@ func TestSecretWithAnUnknownPlaceholderIsAConfigError(t *testing.T) {
 	err := h.provisionSecret()
 	if err == nil || !strings.Contains(err.Error(), "not known at load") {
 		t.Fatalf("error %v, want one saying the placeholder is not known at load", err)
+	}
+}
+
+// A secret read from an environment variable may end with a newline (an env
+// file, a mounted secret written with echo). A header cannot carry it, so
+// the secret is taken without the whitespace around it: publishing works.
+func TestASecretEndingInANewlineCanBeUsed(t *testing.T) {
+	t.Setenv("CADDY_SSE_TEST_SECRET", testSecret+"\n")
+	srv := startCaddy(t, `
+:{PORT} {
+	sse /events {
+		channel a
+		publish {
+			secret {env.CADDY_SSE_TEST_SECRET}
+		}
+	}
+}
+`)
+	status, body := srv.post("/events", "application/json", []byte(`{"channel":"a","data":"x"}`), nil)
+	if status != http.StatusOK {
+		t.Fatalf("publish with the configured secret: %d %s", status, body)
 	}
 }
