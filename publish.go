@@ -40,7 +40,7 @@ func (h *Handler) publish(w http.ResponseWriter, r *http.Request) error {
 	}
 	key := r.Header.Get("Idempotency-Key")
 	if key == "" {
-		reply, failure := h.publishAll(r.Context(), req)
+		reply, failure := h.publishAll(r.Context(), req, "")
 		return h.answerPublish(w, r, reply, failure)
 	}
 	if len(key) > maxIdempotencyKeyLen {
@@ -53,8 +53,9 @@ func (h *Handler) publish(w http.ResponseWriter, r *http.Request) error {
 // returns the first reply (marked with Idempotent-Replayed: true).
 func (h *Handler) publishOnce(w http.ResponseWriter, r *http.Request, key string, req *publishRequest) error {
 	var failure *errorBody
-	body, replayed, err := h.hub.Idempotency().Do(r.Context(), h.Namespace+"\x00"+key, req.fingerprint(), func() ([]byte, error) {
-		reply, f := h.publishAll(r.Context(), req)
+	fingerprint := req.fingerprint()
+	body, replayed, err := h.hub.Idempotency().Do(r.Context(), h.Namespace+"\x00"+key, fingerprint, func() ([]byte, error) {
+		reply, f := h.publishAll(r.Context(), req, onceToken(h.Namespace, key, fingerprint))
 		if f != nil {
 			failure = f
 			return nil, errors.New(f.Error)
@@ -102,9 +103,9 @@ func (h *Handler) authorized(r *http.Request) bool {
 // publish to several channels is not atomic across them, so a failure
 // names the channels that were not published (and the ids of those that
 // were).
-func (h *Handler) publishAll(ctx context.Context, req *publishRequest) (*publishReply, *errorBody) {
+func (h *Handler) publishAll(ctx context.Context, req *publishRequest, once string) (*publishReply, *errorBody) {
 	reply := &publishReply{IDs: make(map[string]string, len(req.channels))}
-	msg := pubsub.Message{Type: req.event, Data: req.data}
+	msg := pubsub.Message{Type: req.event, Data: req.data, Once: once}
 	if h.Fallback == fallbackLocal {
 		ctx = pubsub.WithFallbackLocal(ctx)
 	}
@@ -144,6 +145,15 @@ func (h *Handler) answerPublish(w http.ResponseWriter, r *http.Request, reply *p
 	}
 	writeJSON(w, r, http.StatusOK, reply)
 	return nil
+}
+
+// onceToken is what makes a keyed request's publishes one per channel
+// across its retries (pubsub.Message.Once): a retry after a failure on some
+// channels publishes those, and gets the first ids of the others, which a
+// fresh publish would have published a second time.
+func onceToken(namespace, key, fingerprint string) string {
+	sum := sha256.Sum256([]byte(namespace + "\x00" + key + "\x00" + fingerprint))
+	return hex.EncodeToString(sum[:16])
 }
 
 // fingerprint identifies a publish request, to tell a retry (same request)

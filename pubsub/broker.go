@@ -18,6 +18,13 @@ type Message struct {
 	Type string
 	// Data is the payload, UTF-8 text.
 	Data []byte
+	// Once, if set, makes the publishes of this message to a channel one:
+	// a publish with the same Once (a request retried under its
+	// Idempotency-Key after it failed on another channel) returns the
+	// first one's position instead of publishing again, while the broker
+	// keeps it (Redis: the publish-once window, at least 30 s). The
+	// embedded broker, whose publishes cannot fail halfway, ignores it.
+	Once string
 }
 
 // DeliverFunc receives every event of a channel that this instance watches,

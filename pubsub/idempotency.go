@@ -72,6 +72,32 @@ func (o *Idempotency) Do(ctx context.Context, key, fingerprint string, publish f
 	}
 }
 
+// settledReply returns key's reply if a publish with it succeeded here,
+// waiting for one under way; found is false if there is none (never used
+// here, or its publish failed). Another request under the key gets
+// ErrKeyReused.
+func (o *Idempotency) settledReply(ctx context.Context, key, fingerprint string) (reply []byte, found bool, err error) {
+	o.mu.Lock()
+	o.expire(o.now())
+	e := o.entries[key]
+	o.mu.Unlock()
+	if e == nil {
+		return nil, false, nil
+	}
+	if e.fingerprint != fingerprint {
+		return nil, false, ErrKeyReused
+	}
+	select {
+	case <-e.done:
+	case <-ctx.Done():
+		return nil, false, ctx.Err()
+	}
+	if e.failed {
+		return nil, false, nil
+	}
+	return e.reply, true, nil
+}
+
 // run publishes for the entry it claimed and settles it even if publish
 // panics (Caddy recovers handler panics), so that retries are not left
 // waiting on an entry that never settles.

@@ -53,6 +53,7 @@ type Redis struct {
 
 	onClose     []func() // run by Close before the client closes
 	reconnects  atomic.Uint64
+	badWarned   sync.Map // channels warned of invalid events (warnBad)
 	up          atomic.Bool
 	scriptsOnly atomic.Bool // functions are forbidden: run scripts
 	loads       libraryLoads
@@ -109,7 +110,11 @@ func (b *Redis) Publish(ctx context.Context, channel string, msg Message, lim re
 	// go-redis sends a command again when its reply does not come in time,
 	// and a stalled Redis runs every copy it finds in its sockets once it
 	// resumes: the token, the same in every copy, makes them one publish
-	args := []any{publishToken(), b.opts.publishOnceTTL().Milliseconds(),
+	token := msg.Once
+	if token == "" {
+		token = publishToken()
+	}
+	args := []any{token, b.opts.publishOnceTTL().Milliseconds(),
 		msg.Type, msg.Data, lim.Count, lim.MaxAge.Milliseconds(), lim.MaxBytes}
 	var reply any
 	var err error
@@ -197,10 +202,19 @@ func (b *Redis) Read(ctx context.Context, channel string, after *replay.Position
 	}
 	page, bad, err := b.read(ctx, key, after, limit)
 	if bad > 0 {
-		b.log.Warn("events with an invalid type or non-UTF-8 data in the history were not sent",
-			zap.String("channel", channel), zap.Int("events", bad))
+		b.warnBad(channel)
 	}
 	return page, err
+}
+
+// warnBad warns, once per channel for the broker's life (SPEC S3), that
+// events published straight into Redis had an invalid type or data: every
+// read of the history, and every stream's replay, meets them again.
+func (b *Redis) warnBad(channel string) {
+	if _, warned := b.badWarned.LoadOrStore(channel, true); !warned {
+		b.log.Warn("events with an invalid type or non-UTF-8 data arrived through Redis; they are sent as id-only blocks",
+			zap.String("channel", channel))
+	}
 }
 
 func (b *Redis) read(ctx context.Context, key string, after *replay.Position, limit int) (replay.Page, int, error) {

@@ -61,6 +61,12 @@ func NewRedisIdempotency(b *Redis) *RedisIdempotency {
 
 // Do publishes once per key across every instance sharing the Redis.
 func (r *RedisIdempotency) Do(ctx context.Context, key, fingerprint string, publish func() ([]byte, error)) ([]byte, bool, error) {
+	// a reply this instance holds: kept when it was settled in Redis, or
+	// of a publish made while Redis was unreachable (fallback local), which
+	// Redis never heard of and would let a retry publish again
+	if reply, found, err := r.local.settledReply(ctx, key, fingerprint); found || err != nil {
+		return reply, found, err
+	}
 	rkey := r.b.opts.Prefix + "idem:{" + key + "}"
 	// the claim's own token tells this request's claim from a retry's
 	pending := "p:" + fingerprint + ":" + strconv.FormatUint(rand.Uint64(), 36)

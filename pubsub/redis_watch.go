@@ -46,10 +46,9 @@ type watcher struct {
 type watch struct {
 	channel, key string
 
-	mu         sync.RWMutex
-	last       replay.Position
-	known      bool
-	warnedType bool
+	mu    sync.RWMutex
+	last  replay.Position
+	known bool
 
 	// ready is closed once last is known (or the watch is dropped): the
 	// streams that join a channel before its first sync wait for it
@@ -430,10 +429,8 @@ func beyondHead(head replay.Position) replay.Position {
 }
 
 func (w *watcher) warnBad(wt *watch, bad int) {
-	if bad > 0 && !wt.warnedType {
-		wt.warnedType = true
-		w.b.log.Warn("events with an invalid type or non-UTF-8 data arrived through Redis; they are sent as id-only blocks",
-			zap.String("channel", wt.channel))
+	if bad > 0 {
+		w.b.warnBad(wt.channel)
 	}
 }
 

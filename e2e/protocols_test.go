@@ -1,0 +1,145 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// protocolsSite: an HTTPS site serving h1, h2 and h3 with every server
+// timeout short, `encode gzip zstd`, a `header` directive and the sse
+// handler inside `handle_path` (its prefix stripped).
+func protocolsSite(t *testing.T, writer string) (*caddyProc, int) {
+	t.Helper()
+	adminPort, httpPort := freePort(t, false), freePort(t, false)
+	port := freePort(t, true)
+	p := startCaddy(t, fmt.Sprintf("127.0.0.1:%d", adminPort), fmt.Sprintf(`{
+	admin 127.0.0.1:%d
+	storage file_system %s
+	local_certs
+	skip_install_trust
+	http_port %d
+	https_port %d
+	auto_https disable_redirects
+	servers {
+		protocols h1 h2 h3
+		timeouts {
+			read_body 1s
+			read_header 1s
+			write 1s
+			idle 1s
+		}
+	}
+}
+
+https://localhost:%d {
+	tls internal
+	encode gzip zstd
+	header X-Site yes
+	handle_path /api/* {
+		sse /events {
+			writer %s
+			channel {query.channels}
+			heartbeat 250ms
+			publish {
+				secret %s
+			}
+		}
+	}
+}
+`, adminPort, t.TempDir(), httpPort, port, port, writer, testSecret))
+	return p, port
+}
+
+// On every protocol (TLS HTTP/1.1, HTTP/2, HTTP/3) and with both writers:
+// behind encode, header and handle_path, with every Caddy server timeout at
+// 1 s, a stream is served uncompressed with the stream headers, lives for
+// 4 s (heartbeats) and still gets an event; HEAD answers the same status
+// and headers without a body; a refusal is the JSON body (SPEC S2).
+func TestEveryProtocolBehindEncodeAndTimeouts(t *testing.T) {
+	for _, writer := range []string{"net_http", "takeover"} {
+		t.Run(writer, func(t *testing.T) {
+			_, port := protocolsSite(t, writer)
+			h1, base := tlsClient(t, port, false)
+			h2, _ := tlsClient(t, port, true)
+			h3 := h3Client(t, port)
+			base = strings.Replace(base, "/events", "/api/events", 1)
+			clients := []*http.Client{h1, h2, h3}
+			var streams []*sseConn
+			for i, c := range clients {
+				s := openTLSStream(t, c, base+"?channels=news", i+1)
+				h := s.resp.Header
+				if ce := h.Get("Content-Encoding"); ce != "" || s.resp.Uncompressed {
+					t.Errorf("HTTP/%d: stream compressed (Content-Encoding %q)", i+1, ce)
+				}
+				if h.Get("Cache-Control") != "no-store, no-transform" || h.Get("X-Accel-Buffering") != "no" ||
+					h.Get("X-Site") != "yes" || h.Get("Content-Length") != "" || s.resp.ContentLength != -1 {
+					t.Errorf("HTTP/%d: headers %v (ContentLength %d)", i+1, h, s.resp.ContentLength)
+				}
+				if i > 0 && len(s.resp.TransferEncoding) > 0 {
+					t.Errorf("HTTP/%d: Transfer-Encoding %v", i+1, s.resp.TransferEncoding)
+				}
+				if s.openRetry < 0 {
+					t.Errorf("HTTP/%d: no retry in the preamble", i+1)
+				}
+				streams = append(streams, s)
+			}
+			// far beyond every server timeout
+			alive := time.NewTimer(4 * time.Second)
+			select {
+			case <-streams[0].done:
+			case <-streams[1].done:
+			case <-streams[2].done:
+			case <-alive.C:
+			}
+			for i, s := range streams {
+				select {
+				case <-s.done:
+					t.Fatalf("HTTP/%d stream ended early: %v", i+1, s.err)
+				default:
+				}
+			}
+			publish(t, h1, base, testSecret, "news", "late")
+			deadline := time.Now().Add(waitFor)
+			forAll(t, streams, func(_ int, c *sseConn) error { return c.expectData(deadline, "late") })
+
+			for i, c := range clients {
+				req, _ := http.NewRequest(http.MethodHead, base+"?channels=news", nil)
+				resp, err := c.Do(req)
+				if err != nil {
+					t.Fatalf("HTTP/%d HEAD: %v", i+1, err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 || len(body) != 0 || resp.Header.Get("Content-Type") != "text/event-stream" ||
+					resp.Header.Get("Cache-Control") != "no-store, no-transform" || resp.Header.Get("Content-Encoding") != "" {
+					t.Errorf("HTTP/%d HEAD: %d %q %v", i+1, resp.StatusCode, body, resp.Header)
+				}
+				resp, err = c.Get(base)
+				if err != nil {
+					t.Fatalf("HTTP/%d refused GET: %v", i+1, err)
+				}
+				body, _ = io.ReadAll(resp.Body)
+				resp.Body.Close()
+				var reply struct{ Error string }
+				_ = json.Unmarshal(body, &reply)
+				if resp.StatusCode != 403 || reply.Error != "channel_unresolved" || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+					t.Errorf("HTTP/%d refused GET: %d %q %v", i+1, resp.StatusCode, body, resp.Header)
+				}
+				req, _ = http.NewRequest(http.MethodPut, base+"?channels=news", nil)
+				resp, err = c.Do(req)
+				if err != nil {
+					t.Fatalf("HTTP/%d PUT: %v", i+1, err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode != 405 || resp.Header.Get("Allow") != "GET, HEAD, POST" {
+					t.Errorf("HTTP/%d PUT: %d Allow %q", i+1, resp.StatusCode, resp.Header.Get("Allow"))
+				}
+			}
+		})
+	}
+}

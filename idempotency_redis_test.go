@@ -1,0 +1,145 @@
+package caddysse
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddy-sse/caddy-sse/internal/clusterslot"
+	"github.com/caddy-sse/caddy-sse/internal/redistest"
+)
+
+// With fallback local, a keyed publish made while Redis is down is known to
+// this instance only; once Redis is back, its retry with the same
+// Idempotency-Key gets the first reply, not a second publish through Redis.
+func TestAKeyedPublishOnTheFallbackIsNotPublishedAgain(t *testing.T) {
+	rds := redistest.Start(t)
+	srv := startCaddy(t, redisSite(rds.URL(), "fallback local"))
+	c := srv.subscribe("/events?channels=a", nil)
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
+	rds.Kill()
+	body := mustJSON(t, map[string]any{"channel": "a", "data": "once"})
+	key := header("Idempotency-Key", "k-fallback")
+	s1, r1 := srv.post("/events", "application/json", body, key)
+	if s1 != 200 {
+		t.Fatalf("keyed publish on the local fallback: %d %s", s1, r1)
+	}
+	if ev := c.next(); ev.Data != "once" {
+		t.Fatalf("got %+v", ev)
+	}
+	rds.Restart()
+	// the stream that got the local event ends once Redis is back (its
+	// cursor is answered as truncated): watch with a new one
+	after := srv.subscribe("/events?channels=a", nil)
+	rds.WaitShardSubscribers(t, "sse:{a}", 1) // this instance talks to Redis again
+	s2, r2, replayed := postWithHeaders(t, srv, body, key)
+	srv.publishWhileRefused("a", "sentinel")
+	var again []sseEvent
+	for {
+		ev := after.next()
+		if ev.Data == "sentinel" {
+			break
+		}
+		if ev.Data == "once" {
+			again = append(again, ev)
+		}
+	}
+	if s2 != 200 || string(r2) != string(r1) || replayed != "true" || len(again) != 0 {
+		t.Fatalf("retry with the same Idempotency-Key: %d %s (Idempotent-Replayed %q), first reply %s; the event was published %d more times",
+			s2, r2, replayed, r1, len(again))
+	}
+}
+
+// postWithHeaders publishes body with the secret and hdr, and returns the
+// status, the body and the Idempotent-Replayed header.
+func postWithHeaders(t *testing.T, srv *testServer, body []byte, hdr http.Header) (int, []byte, string) {
+	t.Helper()
+	h := header("Content-Type", "application/json", "Authorization", "Bearer "+testSecret)
+	for k, v := range hdr {
+		h[k] = v
+	}
+	resp := do(t, http.MethodPost, srv.base+"/events", h, string(body))
+	defer resp.Body.Close()
+	var b strings.Builder
+	buf := make([]byte, 4096)
+	for {
+		n, err := resp.Body.Read(buf)
+		b.Write(buf[:n])
+		if err != nil {
+			break
+		}
+	}
+	return resp.StatusCode, []byte(b.String()), resp.Header.Get("Idempotent-Replayed")
+}
+
+// Cluster, a publish to channels on two primaries, one of which hangs past
+// read_timeout: the reply is 503 naming the hung channel. The publisher
+// retries with the same Idempotency-Key once the primary answers again
+// (what the 503 + Retry-After asks for): the retry must not publish the
+// event a second time, neither to the channel that was published (its id
+// was even in the failure) nor to the one whose call ran once the primary
+// resumed: its publishes carry a token of the key, with which Redis
+// answers a channel's second publish with the first one's position.
+func TestAKeyedRetryAfterAPartialFailurePublishesOnce(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	srv := startCaddy(t, redisBlockSite("addresses "+strings.Join(cluster.Addrs(), " ")+
+		"\n\t\t\tdial_timeout 300ms\n\t\t\tread_timeout 300ms\n\t\t\twrite_timeout 300ms\n\t\t\tmax_retries -1\n\t\t\tcheck_interval 300ms"))
+	hung := cluster.NodeOfSlot(t, redistest.SlotOf("b"))
+	if cluster.NodeOfSlot(t, redistest.SlotOf("a")) == hung {
+		t.Fatal("a and b are on one primary; the test proves nothing")
+	}
+	// an Idempotency-Key whose Redis key is not on the hung primary
+	key := ""
+	for i := 0; key == ""; i++ {
+		k := fmt.Sprintf("k%d", i)
+		if cluster.NodeOfSlot(t, int(clusterslot.Of("sse:idem:{\x00"+k+"}"))) != hung {
+			key = k
+		}
+	}
+	ca := srv.subscribe("/events?channels=a", nil)
+	cb := srv.subscribe("/events?channels=b", nil)
+	cluster.NodeOfSlot(t, redistest.SlotOf("a")).WaitShardSubscribers(t, "sse:{a}", 1)
+	hung.WaitShardSubscribers(t, "sse:{b}", 1)
+
+	body := mustJSON(t, map[string]any{"channel": []string{"a", "b"}, "data": "once"})
+	hung.Pause()
+	s1, r1 := srv.post("/events", "application/json", body, header("Idempotency-Key", key))
+	hung.Resume()
+	var failure errorBody
+	_ = json.Unmarshal(r1, &failure)
+	if s1 != http.StatusServiceUnavailable || fmt.Sprint(failure.Channels) != "[b]" || failure.IDs["a"] == "" {
+		t.Fatalf("first attempt: %d %s, want 503 naming b, with a's id", s1, r1)
+	}
+	deadline := time.Now().Add(waitFor)
+	for {
+		s, r := srv.post("/events", "application/json", body, header("Idempotency-Key", key))
+		if s == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("retry: %d %s", s, r)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	srv.publishWhileRefused("a", "sentinel")
+	srv.publishWhileRefused("b", "sentinel")
+	count := func(c *sseClient) int {
+		n := 0
+		for {
+			ev := c.next()
+			if ev.Data == "sentinel" {
+				return n
+			}
+			if ev.Data == "once" {
+				n++
+			}
+		}
+	}
+	na, nb := count(ca), count(cb)
+	if na != 1 || nb != 1 {
+		t.Fatalf("one publish retried with its Idempotency-Key reached a %d times and b %d times, want once each", na, nb)
+	}
+}
