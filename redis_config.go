@@ -403,8 +403,13 @@ func (c *RedisConfig) unmarshalRetries(d *caddyfile.Dispenser) error {
 		return err
 	}
 	n, err := strconv.Atoi(s)
-	if err != nil || n < -1 {
+	switch {
+	case err != nil || n < -1:
 		return d.Errf("max_retries: must be -1 (never) or more, got %q", s)
+	case n == 0:
+		// go-redis reads 0 as "its default" (3): a 0 written here, meant
+		// as none, would retry three times
+		return d.Err("max_retries: 0 would mean go-redis' default (3 retries); write -1 for none, or leave it out")
 	}
 	c.MaxRetries = n
 	return nil
