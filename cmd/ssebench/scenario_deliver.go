@@ -1,0 +1,180 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+)
+
+// streamSet is where the measured streams are: this process' engine, or
+// the subscriber workers of -procs.
+type streamSet interface {
+	// open opens the streams (the ramp); it fills in r.res.Ramp.
+	open() (*rampSummary, error)
+	// begin fixes the streams that count: those that connected.
+	begin() error
+	// received is how many events the streams received so far.
+	received() (int64, error)
+	// count compares what the streams received with what the server
+	// accepted per channel.
+	count(acc []chanAccepted) (tally, error)
+	// totals are the final figures (latency and the rest).
+	totals() (*statsTotals, error)
+}
+
+// localStreams are the streams of this process.
+type localStreams struct {
+	r    *runner
+	live []*client
+}
+
+func (l *localStreams) open() (*rampSummary, error) { return l.r.ramp(), nil }
+func (l *localStreams) begin() error {
+	l.live = l.r.liveClients()
+	return nil
+}
+func (l *localStreams) received() (int64, error) { return l.r.eng.core().received(), nil }
+func (l *localStreams) count(acc []chanAccepted) (tally, error) {
+	return countDelivered(l.live, acc), nil
+}
+func (l *localStreams) totals() (*statsTotals, error) { return l.r.eng.core().totals(), nil }
+
+// deliver is fanout, spread and scaleout: streams over channels, events
+// published at a rate for a duration; latency, throughput, losses, CPU.
+func (r *runner) deliver(ss streamSet) error {
+	cfg := r.cfg
+	base, haveServer := r.sample()
+	ramp, err := ss.open()
+	if err != nil {
+		return err
+	}
+	if ramp.Connected == 0 {
+		return errors.New("no stream opened")
+	}
+	sleepPhase("settle", cfg.settle)
+	if err := ss.begin(); err != nil {
+		return err
+	}
+	pub := r.newPublisher()
+	defer pub.close()
+
+	before, _ := r.sample()
+	cpu0 := r.clientCPU()
+	recv0, err := ss.received()
+	if err != nil {
+		return err
+	}
+	endBox := r.boxWindow()
+	waitProfile := r.startCPUProfile(cfg.duration)
+	setPhase("publish")
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.duration+cfg.drain+30*time.Second)
+	defer cancel()
+	n := len(r.names)
+	plan := pubPlan{
+		channels: r.names,
+		count:    int(math.Round(cfg.rate * cfg.duration.Seconds())),
+		rate:     cfg.rate,
+		chanOf:   func(i int) int { return i % n },
+		workers:  cfg.publishers,
+		ordered:  cfg.ordered,
+		event:    cfg.eventType,
+		pad:      cfg.pad,
+	}
+	pres := runPublish(ctx, pub, plan)
+	recvEnd, err := ss.received()
+	if err != nil {
+		return err
+	}
+	recvPub := recvEnd - recv0
+	pubSecs := pres.end.Sub(pres.start).Seconds()
+
+	setPhase("drain")
+	acc := acceptedPerChannel(pres)
+	drainStart := time.Now()
+	drained := false
+	var t tally
+	for {
+		if t, err = ss.count(acc); err != nil {
+			return err
+		}
+		if t.lost == 0 {
+			drained = true
+			break
+		}
+		if time.Since(drainStart) > cfg.drain {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	drainSecs := time.Since(drainStart).Seconds()
+	endBox()
+	after, _ := r.sample()
+	cpu1 := r.clientCPU()
+	recvNow, err := ss.received()
+	if err != nil {
+		return err
+	}
+	recvAll := recvNow - recv0
+	window := pubSecs + drainSecs
+	waitProfile()
+
+	tot, err := ss.totals()
+	if err != nil {
+		return err
+	}
+	d := &deliverySummary{
+		Clients: t.clients, Expected: t.expected, Unique: t.unique, Received: recvAll,
+		Lost: t.lost, Dupes: tot.dupes, Reordered: tot.reordered, Extra: t.extra, Foreign: tot.foreign,
+		Truncated: tot.truncatedEvents, Closing: tot.closing,
+		DrainSeconds: round3(drainSecs), Drained: drained,
+	}
+	if pubSecs > 0 {
+		d.PerS = math.Round(float64(recvPub) / pubSecs)
+	}
+	if window > 0 {
+		d.OverallPerS = math.Round(float64(recvAll) / window)
+	}
+	r.res.Delivery = d
+	r.res.Latency = tot.lat.Summary()
+	r.res.Publish = pres.summary()
+	if haveServer {
+		r.res.Server = r.serverSummary(base, before, after, window, recvAll)
+	}
+	r.res.Client = r.clientSummary(cpu0, cpu1, window, recvAll)
+	var problems []string
+	if ramp.Connected < int64(cfg.conns) {
+		problems = append(problems, fmt.Sprintf("only %d of %d streams opened", ramp.Connected, cfg.conns))
+	}
+	if !drained {
+		problems = append(problems, fmt.Sprintf("%d of %d deliveries missing after the %s drain limit", t.lost, t.expected, cfg.drain))
+	}
+	if pres.failed.Load() > 0 {
+		problems = append(problems, fmt.Sprintf("%d publishes failed", pres.failed.Load()))
+	}
+	problems = append(problems, deliveryFaults(d, cfg.ordered)...)
+	if len(problems) > 0 {
+		return errors.New(strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// deliveryFaults are what a correct server never does, whatever the load:
+// deliver an event twice, to a stream of another channel, or (with ordered
+// publishers) out of order. A run that saw any fails, as one that lost
+// events does.
+func deliveryFaults(d *deliverySummary, ordered bool) []string {
+	var faults []string
+	if d.Dupes > 0 {
+		faults = append(faults, fmt.Sprintf("%d deliveries duplicated", d.Dupes))
+	}
+	if ordered && d.Reordered > 0 {
+		faults = append(faults, fmt.Sprintf("%d deliveries out of order", d.Reordered))
+	}
+	if d.Foreign > 0 {
+		faults = append(faults, fmt.Sprintf("%d deliveries to a stream of another channel", d.Foreign))
+	}
+	return faults
+}
