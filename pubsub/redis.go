@@ -24,12 +24,30 @@ import (
 var redisFunctions string
 
 // Names of the library's functions. The module publishes with
-// FunctionPublishOnce; FunctionPublish is for direct publishers.
+// FunctionPublishOnce and reads with FunctionRead, the forms that declare
+// the keys they use (functionKeys), so that a Redis Cluster migrating a
+// channel's slot runs them where its keys are; FunctionPublish (the form
+// with the base key) and FunctionPublishV2 are for direct publishers.
 const (
 	FunctionPublish     = "sse_publish_v1"
-	FunctionPublishOnce = "sse_publish_once_v1"
-	FunctionRead        = "sse_read_v1"
+	FunctionPublishV2   = "sse_publish_v2"
+	FunctionPublishOnce = "sse_publish_once_v2"
+	FunctionRead        = "sse_read_v2"
 )
+
+// functionKeys are the keys a call of function declares for the channel
+// of base key B: B:m and B:s (and B:p:<token> for the publish-once form,
+// whose token is its first argument); only B for the _v1 forms.
+func functionKeys(function, base string, args []any) []string {
+	switch function {
+	case FunctionRead, FunctionPublishV2:
+		return []string{base + ":m", base + ":s"}
+	case FunctionPublishOnce:
+		token, _ := args[0].(string)
+		return []string{base + ":m", base + ":s", base + ":p:" + token}
+	}
+	return []string{base}
+}
 
 // RedisFunctions returns the source of the function library, for users
 // who load it themselves.
@@ -131,6 +149,7 @@ func (b *Redis) Publish(ctx context.Context, channel string, msg Message, lim re
 		stop := b.watchStall()
 		reply, err = b.call(ctx, key, FunctionPublishOnce, false, args...)
 		stop(err)
+		reply, err = b.publishWhileMigrating(ctx, key, args, reply, err)
 	}
 	if err != nil {
 		if (b.opts.FallbackLocal || fallbackLocalFrom(ctx)) && isUnavailable(err) {
@@ -169,6 +188,21 @@ func (b *Redis) publishAndWait(ctx context.Context, key string, args []any) (any
 	if err != nil {
 		return nil, b.unavailable(err)
 	}
+	reply, err := b.publishAndWaitOn(ctx, node, key, args)
+	if to, moved := movedTo(err); moved && b.cluster != nil {
+		// the slot moved (a reshard, a failover): one node's connection
+		// does not follow it as the cluster client does, and nothing else
+		// may tell this instance (it may follow no stream of the channel)
+		b.cluster.ReloadState(ctx)
+		if node = b.primaryAt(ctx, to); node != nil {
+			reply, err = b.publishAndWaitOn(ctx, node, key, args) // the same token: one publish
+		}
+	}
+	return reply, err
+}
+
+// publishAndWaitOn is publishAndWait on node.
+func (b *Redis) publishAndWaitOn(ctx context.Context, node *redis.Client, key string, args []any) (any, error) {
 	conn := node.Conn()
 	defer conn.Close()
 	stop := b.watchStall()
@@ -289,20 +323,85 @@ type fcaller interface {
 }
 
 func (b *Redis) fcall(ctx context.Context, c fcaller, key, function string, readOnly bool, args ...any) (any, error) {
+	keys := functionKeys(function, key, args)
 	if readOnly {
-		return c.FCallRo(ctx, function, []string{key}, args...).Result()
+		return c.FCallRo(ctx, function, keys, args...).Result()
 	}
-	return c.FCall(ctx, function, []string{key}, args...).Result()
+	return c.FCall(ctx, function, keys, args...).Result()
 }
 
-// loadFunctions loads the library on the primary that serves key (every
-// primary of a cluster loads it the first time it is used there).
+// loadFunctions loads the library where a call found it missing: on a
+// single Redis, there; on a cluster, on every primary, since the call
+// may have been redirected to one that is not yet the key's (a slot being
+// migrated to a primary just added), and each primary loads it once.
 func (b *Redis) loadFunctions(ctx context.Context, key string) error {
+	if b.cluster != nil {
+		return b.cluster.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			return b.loadOn(ctx, node)
+		})
+	}
 	node, err := b.nodeFor(ctx, key)
 	if err != nil {
 		return err
 	}
 	return b.loadOn(ctx, node)
+}
+
+// publishWhileMigrating publishes without the token when the call with it
+// was refused because the channel's slot is migrating: Redis then runs no
+// command whose keys are not all on one node (TRYAGAIN), and the token's
+// key never exists before the call. The channel's own keys are on one node
+// but for the moment MIGRATE moves them, and a redirect may come back
+// while it does (ASK): neither ran anything, so the publish is tried again,
+// a few times.
+func (b *Redis) publishWhileMigrating(ctx context.Context, key string, args []any, reply any, err error) (any, error) {
+	wait := 5 * time.Millisecond
+	for range 4 {
+		if !isTryAgain(err) && !isMoved(err) {
+			break
+		}
+		reply, err = b.call(ctx, key, FunctionPublishV2, false, args[2:]...)
+		if isTryAgain(err) || isMoved(err) {
+			select {
+			case <-time.After(wait):
+			case <-ctx.Done():
+				return reply, err
+			}
+			wait *= 2
+		}
+	}
+	return reply, err
+}
+
+// isTryAgain reports whether Redis refused a call because its keys are
+// split between two nodes by a slot migration (TRYAGAIN).
+func isTryAgain(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "TRYAGAIN")
+}
+
+// movedTo reports whether err redirects a command to another node (MOVED,
+// or ASK while a slot migrates), and that node's address.
+func movedTo(err error) (string, bool) {
+	if !isMoved(err) {
+		return "", false
+	}
+	fields := strings.Fields(err.Error())
+	return fields[len(fields)-1], true
+}
+
+// primaryAt returns the cluster primary at addr, nil if there is none.
+func (b *Redis) primaryAt(ctx context.Context, addr string) *redis.Client {
+	var found *redis.Client
+	var mu sync.Mutex
+	_ = b.cluster.ForEachMaster(ctx, func(_ context.Context, node *redis.Client) error {
+		if node.Options().Addr == addr {
+			mu.Lock()
+			found = node
+			mu.Unlock()
+		}
+		return nil
+	})
+	return found
 }
 
 // loadOn loads the library on node, or waits for the load of it that is

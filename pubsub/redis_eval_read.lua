@@ -37,6 +37,16 @@ FCALL_RO sse_read_v1 1 <B> <limit> [<epoch> <seq> <time>]
   Returns {epoch, seq, time, truncated, n, id1, type1, data1, ...}: the
   channel's head, and the events after the given position by caddy-sse's
   replay rules (only the head without a position).
+
+The _v2 forms do the same and declare the keys they use, not B (which is
+only the shard channel, never a key): while a cluster migrates the slot,
+Redis then runs them where the keys are, or answers TRYAGAIN while they are
+split between two primaries; the _v1 forms, whose declared key B never
+exists, are sent to the primary the slot goes to before its keys are there.
+caddy-sse calls the _v2 forms; backends should too on a Redis Cluster.
+FCALL sse_publish_v2 2 <B>:m <B>:s <type> <data> [...]
+FCALL sse_publish_once_v2 3 <B>:m <B>:s <B>:p:<token> <token> <ttl_ms> <type> <data> [...]
+FCALL_RO sse_read_v2 2 <B>:m <B>:s <limit> [<epoch> <seq> <time>]
 ]==]
 
 local OVERHEAD = 64 -- what an entry costs besides its type and data
@@ -269,5 +279,38 @@ local function read(keys, args)
   return tail(skey, '(' .. id, floor, limit, head)
 end
 
+-- the _v2 forms: KEYS are B:m, B:s (and B:p:<token>), the keys the call
+-- uses, so that a cluster sends it where they are (see the top)
 
-return read(KEYS, ARGV)
+local function base_of(keys, n)
+  local mkey = keys[1] or ''
+  if #keys ~= n or string.sub(mkey, -2) ~= ':m' then return nil end
+  local base = string.sub(mkey, 1, -3)
+  if keys[2] ~= base .. ':s' then return nil end
+  return base
+end
+
+local KEYS_ERR = 'ERR sse: the keys must be <B>:m <B>:s'
+
+local function publish_v2(keys, args)
+  local base = base_of(keys, 2)
+  if not base then return redis.error_reply(KEYS_ERR) end
+  return publish({ base }, args)
+end
+
+local function publish_once_v2(keys, args)
+  local base = base_of(keys, 3)
+  if not base or keys[3] ~= base .. ':p:' .. (args[1] or '') then
+    return redis.error_reply(KEYS_ERR .. ' <B>:p:<token>')
+  end
+  return publish_once({ base }, args)
+end
+
+local function read_v2(keys, args)
+  local base = base_of(keys, 2)
+  if not base then return redis.error_reply(KEYS_ERR) end
+  return read({ base }, args)
+end
+
+
+return read_v2(KEYS, ARGV)

@@ -28,7 +28,8 @@ func evalScript(function string) string {
 		b.WriteString(line)
 		b.WriteByte('\n')
 	}
-	callback := map[string]string{FunctionPublish: "publish", FunctionPublishOnce: "publish_once", FunctionRead: "read"}[function]
+	callback := map[string]string{FunctionPublish: "publish", FunctionPublishV2: "publish_v2",
+		FunctionPublishOnce: "publish_once_v2", FunctionRead: "read_v2"}[function]
 	b.WriteString("return " + callback + "(KEYS, ARGV)\n")
 	return b.String()
 }
@@ -42,11 +43,11 @@ var scripts = map[string]*redis.Script{
 // runScript runs a function's script form (EVALSHA, or EVAL if Redis does
 // not have it cached).
 func runScript(ctx context.Context, c redis.Scripter, key, function string, readOnly bool, args ...any) (any, error) {
-	s := scripts[function]
+	s, keys := scripts[function], functionKeys(function, key, args)
 	if readOnly {
-		return s.RunRO(ctx, c, []string{key}, args...).Result()
+		return s.RunRO(ctx, c, keys, args...).Result()
 	}
-	return s.Run(ctx, c, []string{key}, args...).Result()
+	return s.Run(ctx, c, keys, args...).Result()
 }
 
 // functionsForbidden reports whether Redis refused the function commands

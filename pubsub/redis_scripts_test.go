@@ -49,7 +49,7 @@ func TestRedisWithoutFunctions(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 2 {
-		srv.MustCLI("EVAL", string(once), "1", "sse:{s}", "tok-1", "30000", "t", "once via EVAL")
+		srv.MustCLI("EVAL", string(once), "3", "sse:{s}:m", "sse:{s}:s", "sse:{s}:p:tok-1", "tok-1", "30000", "t", "once via EVAL")
 	}
 	got := rec.waitFor(t, 0, 3)
 	assertContiguous(t, got, first.Seq)

@@ -189,10 +189,11 @@ func (s *shard) readPipelined(ctx context.Context, keys []string, args func(i in
 	cmds := make([]*redis.Cmd, len(keys))
 	scriptsOnly := s.w.b.scriptsOnly.Load()
 	for i, key := range keys {
+		declared := functionKeys(FunctionRead, key, nil)
 		if scriptsOnly {
-			cmds[i] = scripts[FunctionRead].EvalRO(ctx, pipe, []string{key}, args(i)...)
+			cmds[i] = scripts[FunctionRead].EvalRO(ctx, pipe, declared, args(i)...)
 		} else {
-			cmds[i] = pipe.FCallRo(ctx, FunctionRead, []string{key}, args(i)...)
+			cmds[i] = pipe.FCallRo(ctx, FunctionRead, declared, args(i)...)
 		}
 	}
 	_, _ = pipe.Exec(ctx)

@@ -692,7 +692,7 @@ func TestRedisUnconfirmedSubscriptionsAreSentAgain(t *testing.T) {
 	}
 }
 
-// sse_publish_once_v1 publishes once per token: a call again with the same
+// sse_publish_once_v2 publishes once per token: a call again with the same
 // token (go-redis retrying after a timeout) gets the first call's reply,
 // and neither appends nor announces the event again, as a function or as
 // a script.
@@ -702,7 +702,7 @@ func TestRedisPublishOncePerToken(t *testing.T) {
 	rec := follow(t, srv, hub, broker, "o")
 	publishTo(t, hub, "o", "loads the library")
 	args := func(token, data string) []string {
-		return []string{"1", "sse:{o}", token, "30000", "t", data}
+		return []string{"3", "sse:{o}:m", "sse:{o}:s", "sse:{o}:p:" + token, token, "30000", "t", data}
 	}
 	first := srv.MustCLI(append([]string{"FCALL", FunctionPublishOnce}, args("tok-1", "once")...)...)
 	again := srv.MustCLI(append([]string{"FCALL", FunctionPublishOnce}, args("tok-1", "once")...)...)
@@ -727,7 +727,11 @@ func TestRedisPublishOncePerToken(t *testing.T) {
 	if ttl, _ := strconv.Atoi(srv.MustCLI("PTTL", "sse:{o}:p:tok-1")); ttl <= 0 || ttl > 30000 {
 		t.Fatalf("the token's reply is kept for %d ms, want up to 30000", ttl)
 	}
-	for _, bad := range [][]string{{"1", "sse:{o}", "", "1000", "t", "x"}, {"1", "sse:{o}", "a b", "1000", "t", "x"}, {"1", "sse:{o}", "tok", "0", "t", "x"}} {
+	keys := func(token string) []string { return []string{"3", "sse:{o}:m", "sse:{o}:s", "sse:{o}:p:" + token} }
+	for _, bad := range [][]string{
+		append(keys(""), "", "1000", "t", "x"), append(keys("a b"), "a b", "1000", "t", "x"), append(keys("tok"), "tok", "0", "t", "x"),
+		append(keys("other"), "tok", "1000", "t", "x"), {"1", "sse:{o}", "tok", "1000", "t", "x"},
+	} {
 		if out, _ := srv.CLI(append([]string{"FCALL", FunctionPublishOnce}, bad...)...); !strings.Contains(out, "ERR sse:") {
 			t.Fatalf("FCALL %v answered %q, want an error", bad, out)
 		}
@@ -735,13 +739,13 @@ func TestRedisPublishOncePerToken(t *testing.T) {
 }
 
 // A Redis that has an older library (sse_publish_v1 without
-// sse_publish_once_v1) answers "Function not found": the broker loads its
+// sse_publish_once_v2) answers "Function not found": the broker loads its
 // own library, which keeps sse_publish_v1 for direct publishers.
 func TestRedisOlderLibraryIsReplaced(t *testing.T) {
 	srv := redistest.Start(t)
-	older := strings.ReplaceAll(redisFunctions, "redis.register_function('sse_publish_once_v1', publish_once)\n", "")
+	older := strings.ReplaceAll(redisFunctions, "redis.register_function('sse_publish_once_v2', publish_once_v2)\n", "")
 	if older == redisFunctions {
-		t.Fatal("no registration of sse_publish_once_v1 in the library")
+		t.Fatal("no registration of sse_publish_once_v2 in the library")
 	}
 	srv.MustCLI("FUNCTION", "LOAD", older)
 	hub, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})

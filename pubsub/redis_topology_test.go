@@ -1,0 +1,547 @@
+package pubsub
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/caddy-sse/caddy-sse/internal/redistest"
+	"github.com/caddy-sse/caddy-sse/replay"
+)
+
+// steadyPublisher publishes to one channel continuously and keeps the
+// acknowledged positions, in order.
+type steadyPublisher struct {
+	mu      sync.Mutex
+	acked   []replay.Position
+	errs    int
+	lastErr error
+	lastOK  time.Time
+	stop    chan struct{}
+	done    chan struct{}
+}
+
+func startSteadyPublisher(hub *Hub, channel string) *steadyPublisher {
+	p := &steadyPublisher{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		for i := 0; ; i++ {
+			select {
+			case <-p.stop:
+				return
+			default:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			pos, err := hub.Publish(ctx, channel, Message{Data: []byte(strconv.Itoa(i))}, replay.Limits{Count: 10000, MaxAge: time.Hour, MaxBytes: 16 << 20})
+			cancel()
+			p.mu.Lock()
+			if err != nil {
+				p.errs++
+				p.lastErr = err
+			} else {
+				p.acked = append(p.acked, pos)
+				p.lastOK = time.Now()
+			}
+			p.mu.Unlock()
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	return p
+}
+
+func (p *steadyPublisher) count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.acked)
+}
+
+// waitMore waits until n more publishes than now were acknowledged.
+func (p *steadyPublisher) waitMore(t *testing.T, n int) {
+	t.Helper()
+	want := p.count() + n
+	for deadline := time.Now().Add(redisWait); p.count() < want; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			p.mu.Lock()
+			t.Fatalf("only %d publishes acknowledged (%d failed, last: %v), want %d", len(p.acked), p.errs, p.lastErr, want)
+		}
+	}
+}
+
+// waitAttempts waits until n more publishes were attempted, and returns
+// how many of them failed and the last error.
+func (p *steadyPublisher) waitAttempts(t *testing.T, n int) (failed int, last error) {
+	t.Helper()
+	p.mu.Lock()
+	acked0, errs0 := len(p.acked), p.errs
+	p.mu.Unlock()
+	for deadline := time.Now().Add(redisWait); ; time.Sleep(5 * time.Millisecond) {
+		p.mu.Lock()
+		acked, errs, lastErr := len(p.acked), p.errs, p.lastErr
+		p.mu.Unlock()
+		if acked-acked0+errs-errs0 >= n {
+			return errs - errs0, lastErr
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("publishes stalled: %d attempts", acked-acked0+errs-errs0)
+		}
+	}
+}
+
+func (p *steadyPublisher) finish() []replay.Position {
+	close(p.stop)
+	<-p.done
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]replay.Position(nil), p.acked...)
+}
+
+// checkDeliveredExactly checks that the recorder's slot 0 got exactly the
+// acknowledged positions, in order, once each.
+func checkDeliveredExactly(t *testing.T, rec *redisRecorder, acked []replay.Position) {
+	t.Helper()
+	deadline := time.Now().Add(redisWait)
+	var got []*replay.Event
+	for {
+		rec.mu.Lock()
+		got = append(got[:0], rec.events[0]...)
+		rec.mu.Unlock()
+		if len(got) >= len(acked) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	delivered := map[replay.Position]int{}
+	for _, ev := range got {
+		delivered[ev.Pos]++
+	}
+	var missing, dup []replay.Position
+	for _, pos := range acked {
+		if delivered[pos] == 0 {
+			missing = append(missing, pos)
+		}
+	}
+	for pos, n := range delivered {
+		if n > 1 {
+			dup = append(dup, pos)
+		}
+	}
+	epochs := map[uint32]int{}
+	for _, pos := range acked {
+		epochs[pos.Epoch]++
+	}
+	if len(missing) > 0 || len(dup) > 0 || len(got) != len(acked) {
+		show := missing
+		if len(show) > 5 {
+			show = show[:5]
+		}
+		t.Fatalf("acknowledged %d publishes (epochs %v), delivered %d: %d acknowledged never delivered (first %+v), %d delivered twice",
+			len(acked), epochs, len(got), len(missing), show, len(dup))
+	}
+	for i := range acked {
+		if got[i].Pos != acked[i] {
+			t.Fatalf("delivery %d is %+v, publish %d was acknowledged as %+v (disorder)", i, got[i].Pos, i, acked[i])
+		}
+	}
+}
+
+// migrateSlotByHand moves slot from one primary to another the way
+// redis-cli --cluster reshard and every operator tool do it (SETSLOT
+// IMPORTING / MIGRATING, MIGRATE the keys, SETSLOT NODE everywhere), with
+// during(phase) called after each step. It reports a MIGRATE refused
+// because the target already holds keys of the slot (and then migrates
+// with REPLACE, what --cluster-replace does).
+func migrateSlotByHand(t *testing.T, cluster *redistest.Cluster, slot int, from, to *redistest.Server, during func(phase string)) {
+	t.Helper()
+	fromID, toID := from.NodeID(), to.NodeID()
+	slotArg := strconv.Itoa(slot)
+	to.MustCLI("CLUSTER", "SETSLOT", slotArg, "IMPORTING", fromID)
+	from.MustCLI("CLUSTER", "SETSLOT", slotArg, "MIGRATING", toID)
+	during("migrating") // the operator's tool lists and moves keys meanwhile
+	keys := strings.Fields(from.MustCLI("CLUSTER", "GETKEYSINSLOT", slotArg, "10000"))
+	if len(keys) > 0 {
+		args := append([]string{"MIGRATE", "127.0.0.1", strconv.Itoa(to.Port), "", "0", "5000", "KEYS"}, keys...)
+		out, _ := from.CLI(args...)
+		if out != "OK" {
+			t.Errorf("MIGRATE of the slot's keys refused: %q (the target already holds keys of the channel: publishes during MIGRATING ran there, on an empty history)", out)
+			args = append([]string{"MIGRATE", "127.0.0.1", strconv.Itoa(to.Port), "", "0", "5000", "REPLACE", "KEYS"}, keys...)
+			if out, _ := from.CLI(args...); out != "OK" {
+				t.Fatalf("MIGRATE REPLACE: %q", out)
+			}
+		}
+	}
+	during("migrated")
+	for _, n := range cluster.Nodes {
+		n.MustCLI("CLUSTER", "SETSLOT", slotArg, "NODE", toID)
+	}
+	cluster.WaitOK(t)
+	during("moved")
+}
+
+func otherPrimary(cluster *redistest.Cluster, not *redistest.Server) *redistest.Server {
+	for _, n := range cluster.Nodes {
+		if n != not {
+			return n
+		}
+	}
+	return nil
+}
+
+// A slot moves to a primary that has not run a function of the library
+// yet (it is loaded lazily, per primary: a primary just added to scale out,
+// or one whose channels were not published since it started). A call
+// redirected there answers "Function not found": the broker loads the
+// library on every primary, not only on the slot's owner. Publishing goes
+// on through the resharding.
+func TestPublishDuringMigrationToAPrimaryWithoutTheLibrary(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	opts := RedisOptions{Addrs: cluster.Addrs(), CheckInterval: 300 * time.Millisecond}
+	pub, _ := newRedisHub(t, opts)
+	slot := 100
+	channel := channelInSlot(t, slot)
+	from := cluster.NodeOfSlot(t, slot)
+	to := otherPrimary(cluster, from)
+	publishTo(t, pub, channel, "before")
+	migrateSlotByHand(t, cluster, slot, from, to, func(phase string) {
+		if phase == "moved" {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := pub.Publish(ctx, channel, Message{Data: []byte(phase)}, testLimits); err != nil {
+			t.Errorf("publish while the slot is %s: %v", phase, err)
+		}
+	})
+}
+
+// The slot moves while its channel is published to continuously and
+// followed (every primary has the library). Every acknowledged event must
+// reach the follower once, in order, in one history; the keys must migrate
+// (no second history started on the target) and the subscription must
+// follow the slot.
+func TestManualSlotMigrationUnderLoad(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	for _, n := range cluster.Nodes {
+		n.MustCLI("FUNCTION", "LOAD", "REPLACE", RedisFunctions())
+	}
+	opts := RedisOptions{Addrs: cluster.Addrs(), CheckInterval: 300 * time.Millisecond}
+	pub, _ := newRedisHub(t, opts)
+	sub, _ := newRedisHub(t, opts)
+	slot := 100
+	channel := channelInSlot(t, slot)
+	key := "sse:{" + channel + "}"
+	from := cluster.NodeOfSlot(t, slot)
+	to := otherPrimary(cluster, from)
+	rec := newRedisRecorder()
+	defer sub.Subscribe(rec, []string{channel}).Close()
+	from.WaitShardSubscribers(t, key, 1)
+
+	p := startSteadyPublisher(pub, channel)
+	p.waitMore(t, 20)
+	migrateSlotByHand(t, cluster, slot, from, to, func(phase string) {
+		if failed, err := p.waitAttempts(t, 20); failed > 0 {
+			t.Errorf("while the slot is %s: %d of 20 publishes failed, last: %v", phase, failed, err)
+		}
+	})
+	p.waitMore(t, 20)
+	acked := p.finish()
+	checkDeliveredExactly(t, rec, acked)
+	to.WaitShardSubscribers(t, key, 1)
+	if out, _ := from.CLI("PUBSUB", "SHARDNUMSUB", key); !strings.HasSuffix(out, "0") {
+		t.Fatalf("still subscribed on the old primary: %q", out)
+	}
+}
+
+// A stream reconnects with its cursor while its channel's slot is
+// MIGRATING and the keys are still on the source. The history is all
+// there: the replay must be the events after the cursor, not a
+// truncation (nor an error): the read declares the channel's keys, so the
+// source runs it (with the _v1 read, whose declared key B never exists, it
+// went to the target, which has no history yet).
+func TestReplayWhileTheSlotIsMigrating(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	for _, n := range cluster.Nodes {
+		n.MustCLI("FUNCTION", "LOAD", "REPLACE", RedisFunctions())
+	}
+	hub, _ := newRedisHub(t, RedisOptions{Addrs: cluster.Addrs(), CheckInterval: 300 * time.Millisecond})
+	slot := 100
+	channel := channelInSlot(t, slot)
+	from := cluster.NodeOfSlot(t, slot)
+	to := otherPrimary(cluster, from)
+	first := publishTo(t, hub, channel, "1")
+	publishTo(t, hub, channel, "2")
+	publishTo(t, hub, channel, "3")
+	migrateSlotByHand(t, cluster, slot, from, to, func(phase string) {
+		if phase != "migrating" {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		page, err := hub.Read(ctx, channel, &first, 100)
+		if err != nil || page.Truncated || len(page.Events) != 2 || page.Head.Epoch != first.Epoch {
+			t.Errorf("replay after the first event while the slot is migrating: truncated=%v events=%d head=%+v err=%v; want 2 events of epoch %d, not truncated",
+				page.Truncated, len(page.Events), page.Head, err, first.Epoch)
+		}
+	})
+}
+
+// One of three primaries hangs (SIGSTOP) while its channel and the
+// others' are followed and published to. Publishing to, and delivering on,
+// the healthy primaries' channels goes on with bounded latency; a new
+// stream's starting point on a healthy channel is read normally; after
+// SIGCONT every channel converges.
+func TestOneHungPrimaryDoesNotStallTheOthers(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	opts := RedisOptions{Addrs: cluster.Addrs(), CheckInterval: 300 * time.Millisecond,
+		ReadTimeout: 500 * time.Millisecond, DialTimeout: 500 * time.Millisecond}
+	pub, _ := newRedisHub(t, opts)
+	sub, _ := newRedisHub(t, opts)
+	hung := channelInSlot(t, 100)
+	healthy := []string{channelInSlot(t, 8000), channelInSlot(t, 16000)}
+	node := cluster.NodeOfSlot(t, 100)
+	for _, c := range healthy {
+		if cluster.NodeOfSlot(t, redistest.SlotOf(c)) == node {
+			t.Fatal("channels not on three primaries")
+		}
+	}
+	recs := map[string]*redisRecorder{}
+	for _, c := range append([]string{hung}, healthy...) {
+		recs[c] = newRedisRecorder()
+		defer sub.Subscribe(recs[c], []string{c}).Close()
+		cluster.NodeOfSlot(t, redistest.SlotOf(c)).WaitShardSubscribers(t, "sse:{"+c+"}", 1)
+		publishTo(t, pub, c, "before")
+		recs[c].waitFor(t, 0, 1)
+	}
+
+	node.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			node.Resume()
+		}
+	}()
+	hungPub := startSteadyPublisher(pub, hung) // traffic to the hung shard goes on
+
+	var worstPublish, worstDelivery, worstRead time.Duration
+	var failures []string
+	healthyAcked := map[string][]replay.Position{}
+	for i := 0; i < 40; i++ {
+		for _, c := range healthy {
+			began := time.Now()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			pos, err := pub.Publish(ctx, c, Message{Data: []byte(strconv.Itoa(i))}, testLimits)
+			cancel()
+			worstPublish = max(worstPublish, time.Since(began))
+			if err != nil {
+				failures = append(failures, fmt.Sprintf("publish %s #%d: %v", c, i, err))
+				continue
+			}
+			healthyAcked[c] = append(healthyAcked[c], pos)
+			n := len(healthyAcked[c]) + 1
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+				recs[c].mu.Lock()
+				got := len(recs[c].events[0])
+				recs[c].mu.Unlock()
+				if got >= n {
+					break
+				}
+				if time.Now().After(deadline) {
+					failures = append(failures, fmt.Sprintf("event %d of %s not delivered within 5s", n, c))
+					break
+				}
+			}
+			worstDelivery = max(worstDelivery, time.Since(began))
+			// a new stream on the healthy channel: its starting point
+			began = time.Now()
+			ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
+			_, err = sub.Read(ctx, c, nil, 0)
+			cancel()
+			worstRead = max(worstRead, time.Since(began))
+			if err != nil {
+				failures = append(failures, fmt.Sprintf("starting point of a new stream on %s: %v", c, err))
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("while a primary hangs: worst publish %v, worst publish-to-delivery %v, worst head read %v", worstPublish, worstDelivery, worstRead)
+	if len(failures) > 0 {
+		show := failures
+		if len(show) > 8 {
+			show = show[:8]
+		}
+		t.Errorf("%d failures on healthy primaries while one hangs: %s", len(failures), strings.Join(show, "; "))
+	}
+	const bound = time.Second
+	if worstPublish > bound || worstDelivery > bound || worstRead > bound {
+		t.Errorf("healthy primaries stalled by a hung one: worst publish %v, delivery %v, head read %v (bound %v)", worstPublish, worstDelivery, worstRead, bound)
+	}
+
+	node.Resume()
+	resumed = true
+	hungPub.waitMore(t, 20) // publishing to it resumes
+	acked := hungPub.finish()
+	time.Sleep(0)
+	// everything the hung channel acknowledged reaches its follower, once
+	rec := recs[hung]
+	deadline := time.Now().Add(redisWait)
+	for {
+		rec.mu.Lock()
+		got := append([]*replay.Event(nil), rec.events[0]...)
+		rec.mu.Unlock()
+		delivered := map[replay.Position]int{}
+		for _, ev := range got[1:] {
+			delivered[ev.Pos]++
+		}
+		missing, dup := 0, 0
+		for _, pos := range acked {
+			if delivered[pos] == 0 {
+				missing++
+			}
+		}
+		for _, n := range delivered {
+			if n > 1 {
+				dup++
+			}
+		}
+		if missing == 0 && dup == 0 {
+			assertContiguous(t, got, got[0].Pos.Seq)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after SIGCONT: %d acknowledged events of the hung channel never delivered, %d twice (%d acknowledged)", missing, dup, len(acked))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, c := range healthy {
+		checkDeliveredExactly(t, &redisRecorder{events: map[int][]*replay.Event{0: recs[c].events[0][1:]}}, healthyAcked[c])
+	}
+}
+
+// With wait_replicas, a publish runs on a connection of the slot's primary
+// (for WAIT), outside the cluster client's redirections. After a slot
+// moved, an instance that only publishes to the channel (it follows no
+// stream of it, so no unsubscribe tells it) keeps sending the call to the
+// old primary, which answers MOVED: the publish must follow the slot, as
+// it does without wait_replicas.
+func TestWaitReplicasPublishFollowsAMovedSlot(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	for _, n := range cluster.Nodes {
+		n.MustCLI("FUNCTION", "LOAD", "REPLACE", RedisFunctions())
+	}
+	for _, wait := range []int{0, 1} {
+		t.Run(fmt.Sprint("wait_replicas=", wait), func(t *testing.T) {
+			slot := 100 + wait
+			channel := channelInSlot(t, slot)
+			pub, _ := newRedisHub(t, RedisOptions{Addrs: cluster.Addrs(), WaitReplicas: wait, WaitTimeout: 50 * time.Millisecond})
+			publishTo(t, pub, channel, "before")
+			from := cluster.NodeOfSlot(t, slot)
+			migrateSlotByHand(t, cluster, slot, from, otherPrimary(cluster, from), func(string) {})
+			// a publisher retries a failed publish; it must not fail for long
+			began := time.Now()
+			failed := 0
+			var first error
+			for {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				_, err := pub.Publish(ctx, channel, Message{Data: []byte("after")}, testLimits)
+				cancel()
+				if err == nil {
+					break
+				}
+				failed++
+				if first == nil {
+					first = err
+				}
+				if time.Since(began) > 3*time.Second {
+					break
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			if took := time.Since(began); took > time.Second {
+				t.Fatalf("publishing failed for %v after the slot moved (%d failed publishes, first: %v)", took.Round(time.Millisecond), failed, first)
+			}
+		})
+	}
+}
+
+// wait_replicas 1 200ms with the only replica frozen, then killed: every
+// publish still answers, within about the wait timeout, and the missing
+// acknowledgement is logged.
+func TestWaitReplicasWithTheReplicaPausedOrKilled(t *testing.T) {
+	primary := redistest.Start(t)
+	replica := redistest.Start(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port))
+	for deadline := time.Now().Add(redisWait); !strings.Contains(replica.MustCLI("INFO", "replication"), "master_link_status:up"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the replica did not connect")
+		}
+	}
+	core, logs := observer.New(zap.WarnLevel)
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{primary.Addr()}, WaitReplicas: 1, WaitTimeout: 200 * time.Millisecond,
+		ReadTimeout: 500 * time.Millisecond, Logger: zap.New(core)})
+	publishTo(t, hub, "w", "acknowledged")
+	for _, step := range []struct {
+		name string
+		do   func()
+	}{{"paused", replica.Pause}, {"killed", func() { replica.Resume(); replica.Kill() }}} {
+		step.do()
+		before := logs.FilterMessage("published event not acknowledged by enough replicas").Len()
+		for i := range 3 {
+			began := time.Now()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_, err := hub.Publish(ctx, "w", Message{Data: []byte(step.name)}, testLimits)
+			cancel()
+			if took := time.Since(began); err != nil || took > time.Second {
+				t.Fatalf("replica %s, publish %d: %v after %v", step.name, i, err, took)
+			}
+		}
+		if n := logs.FilterMessage("published event not acknowledged by enough replicas").Len() - before; n != 3 {
+			t.Errorf("replica %s: %d warnings for 3 unacknowledged publishes", step.name, n)
+		}
+		if !broker.Available() {
+			t.Errorf("replica %s: the broker says Redis is down", step.name)
+		}
+	}
+}
+
+// A replica takes its primary over gracefully (CLUSTER FAILOVER) while
+// the channel is published to continuously and followed: every
+// acknowledged event reaches the follower once, in order; publishing
+// resumes within a bounded time; the subscription follows the slot.
+func TestClusterFailoverUnderLoad(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	slot := 100
+	primary := cluster.NodeOfSlot(t, slot)
+	replica := cluster.AddReplica(t, primary)
+	opts := RedisOptions{Addrs: cluster.Addrs(), CheckInterval: 300 * time.Millisecond,
+		DialTimeout: 300 * time.Millisecond, ReadTimeout: 500 * time.Millisecond}
+	pub, _ := newRedisHub(t, opts)
+	sub, _ := newRedisHub(t, opts)
+	channel := channelInSlot(t, slot)
+	key := "sse:{" + channel + "}"
+	rec := newRedisRecorder()
+	defer sub.Subscribe(rec, []string{channel}).Close()
+	primary.WaitShardSubscribers(t, key, 1)
+	p := startSteadyPublisher(pub, channel)
+	p.waitMore(t, 20)
+	replica.MustCLI("CLUSTER", "FAILOVER")
+	for deadline := time.Now().Add(redisWait); !strings.Contains(replica.MustCLI("INFO", "replication"), "role:master"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the replica did not take over")
+		}
+	}
+	failedOver := time.Now()
+	p.waitMore(t, 20)
+	resumed := time.Since(failedOver)
+	acked := p.finish()
+	t.Logf("publishing resumed %v after the failover", resumed)
+	checkDeliveredExactly(t, rec, acked)
+	if resumed > 3*time.Second {
+		t.Errorf("20 publishes took %v after the failover", resumed)
+	}
+	replica.WaitShardSubscribers(t, key, 1)
+}
