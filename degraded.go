@@ -48,7 +48,7 @@ func (s *stream) recover(ctx context.Context) (bool, error) {
 	if s.h.hub.Available() {
 		sp, err := s.startingPoint(ctx, *s.idText)
 		if err == nil {
-			err = s.addSinceOpened(ctx, sp)
+			err = s.addSinceOpened(ctx, &sp)
 		}
 		if err == nil {
 			s.degraded.Store(false)
@@ -77,7 +77,9 @@ const openedSlack = 5 * time.Second
 // instance was subscribed again, some of them) would be behind it. Events
 // from a little before it opened may be among them: its client, which holds
 // no position there, is better off with those than without the others.
-func (s *stream) addSinceOpened(ctx context.Context, sp startingPoint) error {
+// If more were published since it opened than a replay holds, it gets the
+// newest and is told that channel was truncated, as any replay cut short.
+func (s *stream) addSinceOpened(ctx context.Context, sp *startingPoint) error {
 	since := time.Unix(0, s.began).Add(-openedSlack).UnixMilli()
 	for slot := range s.keys {
 		if !s.fresh.has(slot) || sp.pages[slot].Head.IsZero() {
@@ -93,7 +95,18 @@ func (s *stream) addSinceOpened(ctx context.Context, sp startingPoint) error {
 		}
 		if len(events) > 0 && events[len(events)-1].Pos.Epoch == sp.pages[slot].Head.Epoch {
 			sp.pages[slot].Events = events
+			if cutShort(page, len(events), s.h.ReplayLimit) {
+				sp.truncated = append(sp.truncated, s.names[slot])
+			}
 		}
 	}
 	return nil
+}
+
+// cutShort reports whether a page of the newest events, of which the kept
+// last ones are all since the stream opened, may have left out some from
+// since then: it is full, none of it was older, and its first event is not
+// the channel's first.
+func cutShort(page replay.Page, kept, limit int) bool {
+	return len(page.Events) == limit && kept == limit && page.Events[0].Pos.Seq > 1
 }
