@@ -275,6 +275,14 @@ type h2Raw struct {
 	mu     sync.Mutex // the framer's writes
 }
 
+// h2Frame is what a test keeps of a frame the server sent.
+type h2Frame struct {
+	kind   string
+	stream uint32
+	data   string
+	code   http2.ErrCode
+}
+
 func dialH2Raw(t *testing.T, addr string, initialWindow uint32) *h2Raw {
 	t.Helper()
 	conn, err := net.Dial("tcp", addr)
@@ -342,13 +350,7 @@ func TestStalledH2StreamOnSharedConnection(t *testing.T) {
 	stalled := c.get("/events?channels=a")
 	healthy := c.get("/events?channels=a")
 
-	type frameInfo struct {
-		kind   string
-		stream uint32
-		data   string
-		code   http2.ErrCode
-	}
-	frames := make(chan frameInfo, 100000)
+	frames := make(chan h2Frame, 100000)
 	go func() {
 		defer close(frames)
 		for {
@@ -365,13 +367,13 @@ func TestStalledH2StreamOnSharedConnection(t *testing.T) {
 						c.write(func(fr *http2.Framer) error { return fr.WriteWindowUpdate(f.StreamID, n) })
 					}
 				}
-				frames <- frameInfo{kind: "data", stream: f.StreamID, data: string(f.Data())}
+				frames <- h2Frame{kind: "data", stream: f.StreamID, data: string(f.Data())}
 			case *http2.MetaHeadersFrame:
-				frames <- frameInfo{kind: "headers", stream: f.StreamID, data: f.PseudoValue("status")}
+				frames <- h2Frame{kind: "headers", stream: f.StreamID, data: f.PseudoValue("status")}
 			case *http2.RSTStreamFrame:
-				frames <- frameInfo{kind: "rst", stream: f.StreamID, code: f.ErrCode}
+				frames <- h2Frame{kind: "rst", stream: f.StreamID, code: f.ErrCode}
 			case *http2.GoAwayFrame:
-				frames <- frameInfo{kind: "goaway", stream: f.LastStreamID, code: f.ErrCode}
+				frames <- h2Frame{kind: "goaway", stream: f.LastStreamID, code: f.ErrCode}
 			case *http2.SettingsFrame:
 				if !f.IsAck() {
 					c.write(func(fr *http2.Framer) error { return fr.WriteSettingsAck() })
@@ -469,13 +471,7 @@ func TestStalledH2StreamOnSharedConnection(t *testing.T) {
 func TestManyH2StreamsOnOneConnection(t *testing.T) {
 	srv := startCaddy(t, surfaceSite("net_http", ""), "servers {\n\t\tprotocols h1 h2c\n\t}")
 	c := dialH2Raw(t, "127.0.0.1:"+itoa(srv.port), 1<<20)
-	type frameInfo struct {
-		kind   string
-		stream uint32
-		data   string
-		code   http2.ErrCode
-	}
-	frames := make(chan frameInfo, 100000)
+	frames := make(chan h2Frame, 100000)
 	var maxStreams uint32
 	settings := make(chan struct{})
 	go func() {
@@ -492,11 +488,11 @@ func TestManyH2StreamsOnOneConnection(t *testing.T) {
 					c.write(func(fr *http2.Framer) error { return fr.WriteWindowUpdate(0, n) })
 					c.write(func(fr *http2.Framer) error { return fr.WriteWindowUpdate(f.StreamID, n) })
 				}
-				frames <- frameInfo{kind: "data", stream: f.StreamID, data: string(f.Data())}
+				frames <- h2Frame{kind: "data", stream: f.StreamID, data: string(f.Data())}
 			case *http2.RSTStreamFrame:
-				frames <- frameInfo{kind: "rst", stream: f.StreamID, code: f.ErrCode}
+				frames <- h2Frame{kind: "rst", stream: f.StreamID, code: f.ErrCode}
 			case *http2.GoAwayFrame:
-				frames <- frameInfo{kind: "goaway", code: f.ErrCode}
+				frames <- h2Frame{kind: "goaway", code: f.ErrCode}
 			case *http2.SettingsFrame:
 				if !f.IsAck() {
 					if v, ok := f.Value(http2.SettingMaxConcurrentStreams); ok {

@@ -15,17 +15,7 @@ import (
 // handler inside `handle_path` (its prefix stripped).
 func protocolsSite(t *testing.T, writer string) (*caddyProc, int) {
 	t.Helper()
-	adminPort, httpPort := freePort(t, false), freePort(t, false)
-	port := freePort(t, true)
-	p := startCaddy(t, fmt.Sprintf("127.0.0.1:%d", adminPort), fmt.Sprintf(`{
-	admin 127.0.0.1:%d
-	storage file_system %s
-	local_certs
-	skip_install_trust
-	http_port %d
-	https_port %d
-	auto_https disable_redirects
-	servers {
+	globals := `servers {
 		protocols h1 h2 h3
 		timeouts {
 			read_body 1s
@@ -33,10 +23,9 @@ func protocolsSite(t *testing.T, writer string) (*caddyProc, int) {
 			write 1s
 			idle 1s
 		}
-	}
-}
-
-https://localhost:%d {
+	}`
+	return startTLSCaddy(t, globals, func(port int) string {
+		return fmt.Sprintf(`https://localhost:%d {
 	tls internal
 	encode gzip zstd
 	header X-Site yes
@@ -51,8 +40,8 @@ https://localhost:%d {
 		}
 	}
 }
-`, adminPort, t.TempDir(), httpPort, port, port, writer, testSecret))
-	return p, port
+`, port, writer, testSecret)
+	})
 }
 
 // On every protocol (TLS HTTP/1.1, HTTP/2, HTTP/3) and with both writers:

@@ -29,21 +29,8 @@ func tlsServer(t *testing.T, directives ...string) (p *caddyProc, port int) {
 // tlsServerWithGlobals is tlsServer with extra global options.
 func tlsServerWithGlobals(t *testing.T, globals string, directives ...string) (p *caddyProc, port int) {
 	t.Helper()
-	adminPort, httpPort := freePort(t, false), freePort(t, false)
-	port = freePort(t, true)
-	storage := t.TempDir()
-	p = startCaddy(t, fmt.Sprintf("127.0.0.1:%d", adminPort), fmt.Sprintf(`{
-	admin 127.0.0.1:%d
-	storage file_system %s
-	local_certs
-	skip_install_trust
-	http_port %d
-	https_port %d
-	auto_https disable_redirects
-	%s
-}
-
-https://localhost:%d {
+	return startTLSCaddy(t, globals, func(port int) string {
+		return fmt.Sprintf(`https://localhost:%d {
 	tls internal
 	sse /events {
 		channel {query.channels}
@@ -54,7 +41,29 @@ https://localhost:%d {
 		}
 	}
 }
-`, adminPort, storage, httpPort, port, globals, port, strings.Join(directives, "\n\t\t"), testSecret))
+`, port, strings.Join(directives, "\n\t\t"), testSecret)
+	})
+}
+
+// startTLSCaddy starts Caddy on free ports with a local CA (nothing
+// installed), the extra global options, and the sites that site gives for
+// the HTTPS port.
+func startTLSCaddy(t *testing.T, globals string, site func(port int) string) (*caddyProc, int) {
+	t.Helper()
+	adminPort, httpPort := freePort(t, false), freePort(t, false)
+	port := freePort(t, true)
+	p := startCaddy(t, fmt.Sprintf("127.0.0.1:%d", adminPort), fmt.Sprintf(`{
+	admin 127.0.0.1:%d
+	storage file_system %s
+	local_certs
+	skip_install_trust
+	http_port %d
+	https_port %d
+	auto_https disable_redirects
+	%s
+}
+
+%s`, adminPort, t.TempDir(), httpPort, port, globals, site(port)))
 	return p, port
 }
 
