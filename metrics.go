@@ -10,9 +10,13 @@ import (
 	"github.com/caddy-sse/caddy-sse/pubsub"
 )
 
-// metricsPool holds the module's collectors: one set per process, so that
-// counters run on across reloads. Each config load brings a new Prometheus
-// registry, in which every Provision registers the same collectors again.
+// metricsPool holds the module's collectors: one set while any config has
+// an sse handler, so that counters run on across reloads (the new config's
+// handlers take the set before the old ones let go). Each config load
+// brings a new Prometheus registry, in which every Provision registers the
+// same collectors again. A config with no sse handler lets the set go, and
+// the next one starts from zero, as after a restart (Prometheus' rate()
+// reads that as a counter reset).
 var metricsPool = caddy.NewUsagePool()
 
 const metricsKey = "caddy_sse"

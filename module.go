@@ -212,6 +212,7 @@ type Handler struct {
 	principalTemplate template
 	loopsOn           bool // a reference to them is held
 	closedByServer    bool // its server's shutdown hook tells its streams (closeStreamsOnShutdown)
+	cleanedUp         bool // Cleanup ran
 	hubKey            string
 	streams           *registry
 	secret            []byte // the SHA-256 digest of the publish secret
@@ -485,6 +486,10 @@ func (h *Handler) validateLimits() error {
 // hub, which lives on while another config (e.g. the one a reload brought
 // in) still uses it. It copes with a Provision that stopped halfway.
 func (h *Handler) Cleanup() error {
+	if h.cleanedUp {
+		return nil // what it held is released once: the pools count each user once
+	}
+	h.cleanedUp = true
 	if h.streams != nil {
 		if h.closedByServer {
 			// Caddy may clean a config up before the goroutine that shuts its

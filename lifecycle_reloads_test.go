@@ -1,0 +1,285 @@
+package caddysse
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-sse/caddy-sse/internal/redistest"
+)
+
+func lifeSite(body string) string {
+	return `
+:{PORT} {
+	metrics /metrics
+` + body + `
+}
+`
+}
+
+func lifeSSE(path, extra string) string {
+	return `	sse ` + path + ` {
+		channel {query.channels}
+		close_jitter off
+		heartbeat 50ms
+		` + extra + `
+		publish {
+			secret ` + testSecret + `
+		}
+	}
+`
+}
+
+// hubKeys lists the keys of the hub pool.
+func pooledHubKeys() []string {
+	var keys []string
+	hubs.Range(func(k, _ any) bool {
+		keys = append(keys, fmt.Sprint(k))
+		return true
+	})
+	return keys
+}
+
+func redisClients(t *testing.T, rds *redistest.Server) int {
+	t.Helper()
+	out, err := rds.CLI("CLIENT", "LIST")
+	if err != nil {
+		t.Fatalf("CLIENT LIST: %v", err)
+	}
+	n := 0
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, "addr=") && !strings.Contains(line, "cmd=client") {
+			n++
+		}
+	}
+	return n
+}
+
+// Cleanup twice (a harmless thing for a CleanerUpper) must not panic nor
+// release another handler's references.
+func TestCleanupTwiceReleasesOnce(t *testing.T) {
+	srv := startCaddy(t, lifeSite(lifeSSE("/events", "")))
+	refsBefore, _ := hubs.References(embeddedHubKey)
+	h := &Handler{Channels: []string{"a"}}
+	ctx := caddy.ActiveContext()
+	// as in an HTTP server (the running config's events app has started)
+	ctx.Context = context.WithValue(ctx.Context, caddyhttp.ServerCtxKey, &caddyhttp.Server{})
+	if err := h.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cleanup := func() (p any) {
+		defer func() { p = recover() }()
+		_ = h.Cleanup()
+		return nil
+	}
+	if p := cleanup(); p != nil {
+		t.Fatalf("first Cleanup panicked: %v", p)
+	}
+	if p := cleanup(); p != nil {
+		t.Errorf("second Cleanup panicked: %v", p)
+	}
+	if refs, _ := hubs.References(embeddedHubKey); refs != refsBefore {
+		t.Errorf("embedded hub references: %d after Provision+Cleanup×2, want %d (the running config's)", refs, refsBefore)
+	}
+	// the running config still publishes
+	c := srv.subscribe("/events?channels=x", nil)
+	c.comment("ok")
+	srv.publish("/events", map[string]any{"channel": "x", "data": "still"})
+	if ev := c.next(); ev.Data != "still" {
+		t.Fatalf("got %+v", ev)
+	}
+}
+
+func TestCleanupWithoutProvision(t *testing.T) {
+	defer func() {
+		if p := recover(); p != nil {
+			t.Fatalf("Cleanup without Provision panicked: %v", p)
+		}
+	}()
+	h := &Handler{Channels: []string{"a"}}
+	_ = h.Cleanup()
+	_ = h.Cleanup()
+}
+
+// A config whose Provision fails halfway (a valid first handler, a broken
+// second) leaves nothing in the pools, and reloading back works.
+func TestAFailedProvisionReleasesWhatItTook(t *testing.T) {
+	rds := redistest.Start(t)
+	good := lifeSite(lifeSSE("/events", ""))
+	srv := startCaddy(t, good)
+	baseKeys := pooledHubKeys()
+	hubRefs, _ := hubs.References(embeddedHubKey)
+	metricRefs, _ := metricsPool.References(metricsKey)
+	baseClients := redisClients(t, rds)
+	missingCA := filepath.Join(t.TempDir(), "nope.pem")
+	bad := map[string]string{
+		"bad second redis url": lifeSSE("/a", "redis "+rds.URL()) + lifeSSE("/b", "redis redis://[::1"),
+		"missing CA file":      lifeSSE("/a", "redis "+rds.URL()) + lifeSSE("/b", "redis {\n\t\t\turl "+rds.URL()+"\n\t\t\tprefix p2\n\t\t\ttls "+missingCA+"\n\t\t}"),
+		"invalid after redis":  lifeSSE("/a", "redis "+rds.URL()) + lifeSSE("/b", "redis "+rds.URL()+"\n\t\tmax_connections_per_principal 2"),
+		"invalid writer":       lifeSSE("/a", "writer takeover") + lifeSSE("/b", "max_connections_per_principal 2"),
+	}
+	for name, body := range bad {
+		text := globalOptions("") + strings.ReplaceAll(lifeSite(body), "{PORT}", strconv.Itoa(srv.port))
+		err := caddy.Load(adapt(t, text), true)
+		if err == nil {
+			t.Fatalf("%s: the config loaded", name)
+		}
+		t.Logf("%s: %v", name, err)
+		if keys := pooledHubKeys(); len(keys) != len(baseKeys) {
+			t.Errorf("%s: hub pool %q after the failed load, want %q", name, keys, baseKeys)
+		}
+		if r, _ := hubs.References(embeddedHubKey); r != hubRefs {
+			t.Errorf("%s: embedded hub refs %d, want %d", name, r, hubRefs)
+		}
+		if r, _ := metricsPool.References(metricsKey); r != metricRefs {
+			t.Errorf("%s: metrics refs %d, want %d", name, r, metricRefs)
+		}
+		if _, live := loopsPool.References(loopsKey); live {
+			t.Errorf("%s: takeover loops left in the pool", name)
+		}
+	}
+	deadline := time.Now().Add(waitFor)
+	for redisClients(t, rds) > baseClients && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := redisClients(t, rds); n > baseClients {
+		t.Errorf("redis clients: %d after the failed loads, %d before", n, baseClients)
+	}
+	srv.reload(good)
+	c := srv.subscribe("/events?channels=x", nil)
+	c.comment("ok")
+	srv.publish("/events", map[string]any{"channel": "x", "data": "back"})
+	if ev := c.next(); ev.Data != "back" {
+		t.Fatalf("got %+v", ev)
+	}
+}
+
+// Many reloads across embedded/Redis, writers, a second route and a changed
+// Redis setting leak nothing: goroutines, fds, Redis connections, hubs;
+// metrics keep counting and have no duplicate series.
+func TestManyReloadsLeaveNothingBehind(t *testing.T) {
+	t.Setenv("SSE_TEST_WRITER", "")
+	rds := redistest.Start(t)
+	configs := []string{
+		lifeSSE("/events", "writer net_http"),
+		lifeSSE("/events", "redis "+rds.URL()+"\n\t\twriter takeover"),
+		lifeSSE("/events", "writer takeover") + lifeSSE("/two", "namespace two"),
+		lifeSSE("/events", "redis {\n\t\t\turl "+rds.URL()+"\n\t\t\tpool_size 3\n\t\t}") + lifeSSE("/two", "redis "+rds.URL()),
+		lifeSSE("/events", "redis {\n\t\t\turl "+rds.URL()+"\n\t\t\tpool_size 4\n\t\t}\n\t\twriter takeover"),
+	}
+	srv := startCaddy(t, lifeSite(configs[0]))
+	warm := srv.subscribe("/events?channels=w", nil)
+	warm.comment("ok")
+	srv.publish("/events", map[string]any{"channel": "w", "data": "x"})
+	warm.close()
+	baseG, baseFD := steadyGoroutines(), openFDCount(t)
+	baseStacks := make([]byte, 1<<20)
+	baseStacks = baseStacks[:runtime.Stack(baseStacks, true)]
+	baseClients := redisClients(t, rds)
+	prevOpened := metric(t, srv.scrape(), "caddy_sse_streams_opened_total")
+	for round := 0; round < 50; round++ {
+		cfg := configs[round%len(configs)]
+		if round%10 == 0 {
+			c := srv.subscribe("/events?channels=r", nil)
+			c.comment("ok")
+			srv.reload(lifeSite(cfg))
+			for ev := c.next(); ev.Type != "server_closing"; ev = c.next() {
+			}
+			c.expectEnd()
+			c.close()
+		} else {
+			srv.reload(lifeSite(cfg))
+		}
+		scrape := srv.scrape()
+		seen := map[string]bool{}
+		for _, line := range strings.Split(scrape, "\n") {
+			if line == "" || strings.HasPrefix(line, "#") {
+				continue
+			}
+			series := line[:strings.LastIndex(line, " ")]
+			if seen[series] {
+				t.Fatalf("round %d: duplicate series %s", round, series)
+			}
+			seen[series] = true
+		}
+		opened := metric(t, scrape, "caddy_sse_streams_opened_total")
+		if opened < prevOpened {
+			t.Fatalf("round %d: streams_opened_total went from %v to %v", round, prevOpened, opened)
+		}
+		prevOpened = opened
+	}
+	srv.reload(lifeSite(configs[0]))
+	requestClient.CloseIdleConnections()
+	if keys := pooledHubKeys(); len(keys) != 1 || keys[0] != embeddedHubKey {
+		t.Errorf("hub pool after the reloads: %q, want only the embedded hub", keys)
+	}
+	if _, live := loopsPool.References(loopsKey); live {
+		t.Errorf("takeover loops live after reloading to net_http")
+	}
+	deadline := time.Now().Add(waitFor)
+	for redisClients(t, rds) > baseClients && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := redisClients(t, rds); n > baseClients {
+		out, _ := rds.CLI("CLIENT", "LIST")
+		t.Errorf("redis clients: %d after the reloads, %d before\n%s", n, baseClients, out)
+	}
+	if n := settleGoroutines(baseG); n > baseG {
+		buf := make([]byte, 4<<20)
+		t.Errorf("goroutines: %d after, %d before\nBEFORE\n%s\nAFTER\n%s", n, baseG, baseStacks, buf[:runtime.Stack(buf, true)])
+	}
+	deadline = time.Now().Add(waitFor)
+	for openFDCount(t) > baseFD && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := openFDCount(t); n > baseFD {
+		ents, _ := os.ReadDir("/proc/self/fd")
+		var links []string
+		for _, e := range ents {
+			l, _ := os.Readlink("/proc/self/fd/" + e.Name())
+			links = append(links, e.Name()+"->"+l)
+		}
+		t.Errorf("fds: %d after, %d before: %v", n, baseFD, links)
+	}
+}
+
+// A stream of an sse inside route inside handle (respond fallback) is
+// closed when Caddy stops, and Stop returns promptly.
+func TestStopClosesNestedStream(t *testing.T) {
+	site := `
+:{PORT} {
+	handle /x/* {
+		route {
+` + lifeSSE("/x/events", "") + `
+		}
+		respond "fallback" 404
+	}
+	respond "other" 404
+}
+`
+	srv := startCaddy(t, site)
+	c := srv.subscribe("/x/events?channels=a", nil)
+	c.comment("ok")
+	done := make(chan error, 1)
+	go func() { done <- caddy.Stop() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	case <-time.After(waitFor):
+		t.Fatal("caddy.Stop did not return with a stream open")
+	}
+	for ev := c.next(); ev.Type != "server_closing"; ev = c.next() {
+	}
+	c.expectEnd()
+}
