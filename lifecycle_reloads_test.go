@@ -119,6 +119,7 @@ func TestAFailedProvisionReleasesWhatItTook(t *testing.T) {
 	baseKeys := pooledHubKeys()
 	hubRefs, _ := hubs.References(embeddedHubKey)
 	metricRefs, _ := metricsPool.References(metricsKey)
+	loopRefs, _ := loopsPool.References(loopsKey) // the good config holds them under SSE_TEST_WRITER=takeover
 	baseClients := redisClients(t, rds)
 	missingCA := filepath.Join(t.TempDir(), "nope.pem")
 	bad := map[string]string{
@@ -143,8 +144,8 @@ func TestAFailedProvisionReleasesWhatItTook(t *testing.T) {
 		if r, _ := metricsPool.References(metricsKey); r != metricRefs {
 			t.Errorf("%s: metrics refs %d, want %d", name, r, metricRefs)
 		}
-		if _, live := loopsPool.References(loopsKey); live {
-			t.Errorf("%s: takeover loops left in the pool", name)
+		if r, _ := loopsPool.References(loopsKey); r != loopRefs {
+			t.Errorf("%s: takeover loops refs %d, want %d", name, r, loopRefs)
 		}
 	}
 	deadline := time.Now().Add(waitFor)
