@@ -122,6 +122,15 @@ func adminClient(ctx context.Context, admin string) (*http.Client, error) {
 	}, nil
 }
 
+// adminDo sends req to the admin endpoint admin through an adminClient.
+func adminDo(admin string, req *http.Request) (*http.Response, error) {
+	hc, err := adminClient(req.Context(), admin)
+	if err != nil {
+		return nil, err
+	}
+	return hc.Do(req)
+}
+
 // parseSourceRange parses "127.0.0.2-127.0.0.255" (or one address) into the
 // source addresses to spread connections over; all must be IPv4 loopback.
 func parseSourceRange(s string) ([]netip.Addr, error) {

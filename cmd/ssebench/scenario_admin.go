@@ -40,11 +40,7 @@ func (r *runner) adminToFile(path, file string, timeout time.Duration) error {
 	if err != nil {
 		return err
 	}
-	hc, err := adminClient(ctx, r.cfg.admin)
-	if err != nil {
-		return err
-	}
-	resp, err := hc.Do(req)
+	resp, err := adminDo(r.cfg.admin, req)
 	if err != nil {
 		return err
 	}
@@ -76,12 +72,8 @@ func (r *runner) serverGoroutines() int {
 func adminGoroutines(admin string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	hc, err := adminClient(ctx, admin)
-	if err != nil {
-		return 0
-	}
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+admin+"/debug/pprof/goroutine?debug=1", nil)
-	resp, err := hc.Do(req)
+	resp, err := adminDo(admin, req)
 	if err != nil {
 		return 0
 	}
@@ -126,12 +118,8 @@ func (r *runner) serverMemStats() *memStats {
 func adminMemStats(admin string) *memStats {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	hc, err := adminClient(ctx, admin)
-	if err != nil {
-		return nil
-	}
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+admin+"/debug/vars", nil)
-	resp, err := hc.Do(req)
+	resp, err := adminDo(admin, req)
 	if err != nil {
 		return nil
 	}

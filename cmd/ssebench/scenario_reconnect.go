@@ -212,11 +212,7 @@ func (r *runner) reload(ctx context.Context) error {
 	}
 	req.Header.Set("Content-Type", ct)
 	req.Header.Set("Cache-Control", "must-revalidate")
-	hc, err := adminClient(ctx, cfg.admin)
-	if err != nil {
-		return err
-	}
-	resp, err := hc.Do(req)
+	resp, err := adminDo(cfg.admin, req)
 	if err != nil {
 		return err
 	}
