@@ -91,12 +91,7 @@ func TestCleanupTwiceReleasesOnce(t *testing.T) {
 		t.Errorf("embedded hub references: %d after Provision+Cleanup×2, want %d (the running config's)", refs, refsBefore)
 	}
 	// the running config still publishes
-	c := srv.subscribe("/events?channels=x", nil)
-	c.comment("ok")
-	srv.publish("/events", map[string]any{"channel": "x", "data": "still"})
-	if ev := c.next(); ev.Data != "still" {
-		t.Fatalf("got %+v", ev)
-	}
+	assertDelivers(t, srv, "still")
 }
 
 func TestCleanupWithoutProvision(t *testing.T) {
@@ -148,20 +143,11 @@ func TestAFailedProvisionReleasesWhatItTook(t *testing.T) {
 			t.Errorf("%s: takeover loops refs %d, want %d", name, r, loopRefs)
 		}
 	}
-	deadline := time.Now().Add(waitFor)
-	for redisClients(t, rds) > baseClients && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if n := redisClients(t, rds); n > baseClients {
+	if n := settledRedisClients(t, rds, baseClients); n > baseClients {
 		t.Errorf("redis clients: %d after the failed loads, %d before", n, baseClients)
 	}
 	srv.reload(good)
-	c := srv.subscribe("/events?channels=x", nil)
-	c.comment("ok")
-	srv.publish("/events", map[string]any{"channel": "x", "data": "back"})
-	if ev := c.next(); ev.Data != "back" {
-		t.Fatalf("got %+v", ev)
-	}
+	assertDelivers(t, srv, "back")
 }
 
 // Many reloads across embedded/Redis, writers, a second route and a changed
@@ -226,11 +212,7 @@ func TestManyReloadsLeaveNothingBehind(t *testing.T) {
 	if _, live := loopsPool.References(loopsKey); live {
 		t.Errorf("takeover loops live after reloading to net_http")
 	}
-	deadline := time.Now().Add(waitFor)
-	for redisClients(t, rds) > baseClients && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if n := redisClients(t, rds); n > baseClients {
+	if n := settledRedisClients(t, rds, baseClients); n > baseClients {
 		out, _ := rds.CLI("CLIENT", "LIST")
 		t.Errorf("redis clients: %d after the reloads, %d before\n%s", n, baseClients, out)
 	}
@@ -238,7 +220,7 @@ func TestManyReloadsLeaveNothingBehind(t *testing.T) {
 		buf := make([]byte, 4<<20)
 		t.Errorf("goroutines: %d after, %d before\nBEFORE\n%s\nAFTER\n%s", n, baseG, baseStacks, buf[:runtime.Stack(buf, true)])
 	}
-	deadline = time.Now().Add(waitFor)
+	deadline := time.Now().Add(waitFor)
 	for openFDCount(t) > baseFD && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -283,4 +265,26 @@ func TestStopClosesNestedStream(t *testing.T) {
 	for ev := c.next(); ev.Type != "server_closing"; ev = c.next() {
 	}
 	c.expectEnd()
+}
+
+// assertDelivers checks that the running config's /events still delivers
+// a publish to a new stream.
+func assertDelivers(t *testing.T, srv *testServer, data string) {
+	t.Helper()
+	c := srv.subscribe("/events?channels=x", nil)
+	c.comment("ok")
+	srv.publish("/events", map[string]any{"channel": "x", "data": data})
+	if ev := c.next(); ev.Data != data {
+		t.Fatalf("got %+v", ev)
+	}
+}
+
+// settledRedisClients waits, within waitFor, for rds's client count to come
+// down to base, and returns it.
+func settledRedisClients(t *testing.T, rds *redistest.Server, base int) int {
+	t.Helper()
+	for deadline := time.Now().Add(waitFor); redisClients(t, rds) > base && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	return redisClients(t, rds)
 }
