@@ -49,14 +49,35 @@ func newRedisRecorder() *redisRecorder {
 }
 
 // follow subscribes a new recorder to channel on hub and waits until the
-// Redis server has the shard subscription; it ends with the test.
+// Redis server has the shard subscription and the watch has had its first
+// sync; it ends with the test.
+//
+// A stream starts where that sync put the watch (Read's head, startAt):
+// an event published before the sync may be covered by it and not
+// announced again, which a stream never misses (it starts after it) but a
+// bare recorder would.
 func follow(t *testing.T, srv *redistest.Server, hub *Hub, broker *Redis, channel string) *redisRecorder {
 	t.Helper()
 	rec := newRedisRecorder()
 	sub := hub.Subscribe(rec, []string{channel})
 	t.Cleanup(func() { sub.Close() })
 	srv.WaitShardSubscribers(t, broker.Key(channel), 1)
+	waitSynced(t, broker, channel)
 	return rec
+}
+
+// waitSynced waits until the watch of channel has had its first sync.
+func waitSynced(t *testing.T, broker *Redis, channel string) {
+	t.Helper()
+	wt := broker.watch.lookup(broker.Key(channel))
+	if wt == nil {
+		t.Fatalf("channel %q is not watched", channel)
+	}
+	select {
+	case <-wt.ready:
+	case <-time.After(redisWait):
+		t.Fatalf("channel %q: no first sync within %v", channel, redisWait)
+	}
 }
 
 func (r *redisRecorder) Deliver(slot int, ev *replay.Event) {
