@@ -30,7 +30,7 @@ func TestRedisClusterFanOutAndReplay(t *testing.T) {
 	cluster := redistest.StartCluster(t, 3)
 	opts := RedisOptions{Addrs: cluster.Addrs()}
 	pub, _ := newRedisHub(t, opts)
-	sub, _ := newRedisHub(t, opts)
+	sub, subBroker := newRedisHub(t, opts)
 	// one channel on each primary's slot range
 	channels := []string{channelInSlot(t, 100), channelInSlot(t, 8000), channelInSlot(t, 16000)}
 	owners := map[string]bool{}
@@ -44,6 +44,7 @@ func TestRedisClusterFanOutAndReplay(t *testing.T) {
 	defer sub.Subscribe(rec, channels).Close()
 	for _, c := range channels {
 		cluster.NodeOfSlot(t, redistest.SlotOf(c)).WaitShardSubscribers(t, "sse:{"+c+"}", 1)
+		waitSynced(t, subBroker, c)
 	}
 	for i := range 10 {
 		for _, c := range channels {
@@ -67,7 +68,7 @@ func TestRedisClusterReshardLosesNothing(t *testing.T) {
 	cluster := redistest.StartCluster(t, 3)
 	opts := RedisOptions{Addrs: cluster.Addrs(), CheckInterval: 300 * time.Millisecond}
 	pub, _ := newRedisHub(t, opts)
-	sub, _ := newRedisHub(t, opts)
+	sub, subBroker := newRedisHub(t, opts)
 
 	from := cluster.NodeOfSlot(t, 5461)
 	// the source hands over its lowest slots first: pick a channel there
@@ -83,6 +84,7 @@ func TestRedisClusterReshardLosesNothing(t *testing.T) {
 	rec := newRedisRecorder()
 	defer sub.Subscribe(rec, []string{channel}).Close()
 	from.WaitShardSubscribers(t, "sse:{"+channel+"}", 1)
+	waitSynced(t, subBroker, channel)
 
 	var published []replay.Position
 	var mu sync.Mutex

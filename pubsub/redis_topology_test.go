@@ -232,7 +232,7 @@ func TestManualSlotMigrationUnderLoad(t *testing.T) {
 	}
 	opts := RedisOptions{Addrs: cluster.Addrs(), CheckInterval: 300 * time.Millisecond}
 	pub, _ := newRedisHub(t, opts)
-	sub, _ := newRedisHub(t, opts)
+	sub, subBroker := newRedisHub(t, opts)
 	slot := 100
 	channel := channelInSlot(t, slot)
 	key := "sse:{" + channel + "}"
@@ -241,6 +241,7 @@ func TestManualSlotMigrationUnderLoad(t *testing.T) {
 	rec := newRedisRecorder()
 	defer sub.Subscribe(rec, []string{channel}).Close()
 	from.WaitShardSubscribers(t, key, 1)
+	waitSynced(t, subBroker, channel)
 
 	p := startSteadyPublisher(pub, channel)
 	p.waitMore(t, 20)
@@ -520,12 +521,13 @@ func TestClusterFailoverUnderLoad(t *testing.T) {
 	opts := RedisOptions{Addrs: cluster.Addrs(), CheckInterval: 300 * time.Millisecond,
 		DialTimeout: 300 * time.Millisecond, ReadTimeout: 500 * time.Millisecond}
 	pub, _ := newRedisHub(t, opts)
-	sub, _ := newRedisHub(t, opts)
+	sub, subBroker := newRedisHub(t, opts)
 	channel := channelInSlot(t, slot)
 	key := "sse:{" + channel + "}"
 	rec := newRedisRecorder()
 	defer sub.Subscribe(rec, []string{channel}).Close()
 	primary.WaitShardSubscribers(t, key, 1)
+	waitSynced(t, subBroker, channel)
 	p := startSteadyPublisher(pub, channel)
 	p.waitMore(t, 20)
 	replica.MustCLI("CLUSTER", "FAILOVER")
