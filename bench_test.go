@@ -1,8 +1,10 @@
 package caddysse
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -55,6 +57,60 @@ func BenchmarkFanoutToStreams(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/subscribers, "ns/subscriber")
+}
+
+// BenchmarkStreamOpen opens a stream through an in-process Caddy, reads
+// its preamble and closes it: what a connection costs (accept, Caddy's
+// request handling, the checks, subscribing, the headers, with the takeover
+// writer the hand-off, and the close), server and client together. The
+// allocations are the server's but for the dial's few. A connection ramp
+// (ssebench) varies too much from run to run to show a few µs; this
+// repeats:
+//
+//	go test -run x -bench StreamOpen -benchmem .
+//	SSE_TEST_WRITER=takeover go test -run x -bench StreamOpen -benchmem .
+func BenchmarkStreamOpen(b *testing.B) {
+	srv := startCaddy(b, `
+:{PORT} {
+	sse /events {
+		channel {query.channels}
+	}
+}
+`)
+	addr := fmt.Sprintf("127.0.0.1:%d", srv.port)
+	request := []byte("GET /events?channels=bench HTTP/1.1\r\nHost: bench\r\nAccept: text/event-stream\r\n\r\n")
+	b.ReportAllocs()
+	// many clients at once keep both cores busy, as a ramp does: ns/op is
+	// then the CPU of a connection divided among the cores, not the round
+	// trips of one client
+	b.SetParallelism(16)
+	b.RunParallel(func(pb *testing.PB) {
+		buf := make([]byte, 4096)
+		for pb.Next() {
+			openAndClose(b, addr, request, buf)
+		}
+	})
+}
+
+// openAndClose opens a stream with a raw request, waits for its ": ok"
+// preamble and closes the connection.
+func openAndClose(b *testing.B, addr string, request, buf []byte) {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write(request); err != nil {
+		b.Fatal(err)
+	}
+	n := 0
+	for !bytes.Contains(buf[:n], []byte(": ok\n")) {
+		m, err := c.Read(buf[n:])
+		if err != nil {
+			b.Fatalf("after %q: %v", buf[:n], err)
+		}
+		n += m
+	}
 }
 
 // BenchmarkNeighbourOfSlowClient measures what a stalled client costs the

@@ -139,12 +139,15 @@ func (s *stream) begin(replay bool, start startingPoint) {
 	if !s.degraded.Load() { // a degraded stream's replay is counted when it recovers
 		h.metrics.replay(replay, len(start.truncated) > 0)
 	}
-	h.logger.Debug("stream opened",
-		zap.Strings("channels", s.names),
-		zap.String("principal", s.who.principal),
-		zap.String("remote", s.remote),
-		zap.Bool("replay", replay),
-		zap.Strings("truncated", start.truncated))
+	// Check first: the fields cost allocations on every stream's start
+	// even when debug logging is off.
+	if ce := h.logger.Check(zap.DebugLevel, "stream opened"); ce != nil {
+		ce.Write(zap.Strings("channels", s.names),
+			zap.String("principal", s.who.principal),
+			zap.String("remote", s.remote),
+			zap.Bool("replay", replay),
+			zap.Strings("truncated", start.truncated))
+	}
 }
 
 // finish counts and logs a stream that ended with err; a slow client is
@@ -156,13 +159,14 @@ func (s *stream) finish(ctx context.Context, err error) {
 	if s.endedSlow(err) {
 		h.throttleSlowClient(ctx, s, s.who, s.lasted())
 	}
-	h.logger.Debug("stream ended",
-		zap.Strings("channels", s.names),
-		zap.String("principal", s.who.principal),
-		zap.String("remote", s.remote),
-		zap.Duration("duration", s.lasted()),
-		zap.Int64("events_sent", s.eventsSent),
-		zap.NamedError("reason", err))
+	if ce := h.logger.Check(zap.DebugLevel, "stream ended"); ce != nil {
+		ce.Write(zap.Strings("channels", s.names),
+			zap.String("principal", s.who.principal),
+			zap.String("remote", s.remote),
+			zap.Duration("duration", s.lasted()),
+			zap.Int64("events_sent", s.eventsSent),
+			zap.NamedError("reason", err))
+	}
 }
 
 // release lets go of what the stream holds: its place in the registry and
