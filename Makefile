@@ -49,6 +49,7 @@ test:
 	SSE_TEST_WRITER=takeover $(GO) test -race -count=1 -timeout 15m . ./e2e/
 	CADDY_SSE_IO_URING=0 SSE_TEST_WRITER=takeover $(GO) test -race -count=1 -timeout 15m .
 
+.PHONY: bench-caddy-floor
 .PHONY: bench bench-build bench-idle bench-fanout bench-fanout20 bench-fanout30 bench-spread bench-ramp bench-churn \
 	bench-reconnect bench-scaleout bench-idle-tls bench-idle-h2 bench-floor bench-profile-fanout bench-profile-fanout20 \
 	bench-profile-idle bench-profile-churn bench-redis bench-redis-idle bench-redis-fanout bench-redis-fanout20 \
@@ -146,6 +147,15 @@ bench-floor: bench-build
 	$(SSEBENCH) fanout -url http://127.0.0.1:9090/events -conns $(BENCH_CONNS) -rate 5 -duration 30s -spawn "$(BENCH_TOOL) floor-server -addr 127.0.0.1:9090" -out $(BENCH_OUT) $(BENCH_QUIET) $(BENCH_FLAGS)
 	$(SSEBENCH) spread -url http://127.0.0.1:9090/events -conns $(BENCH_CONNS) -channels 1000 -rate 500 -duration 30s -spawn "$(BENCH_TOOL) floor-server -addr 127.0.0.1:9090" -out $(BENCH_OUT) $(BENCH_QUIET) $(BENCH_FLAGS)
 
+## caddy-floor: the connection ramp of Caddy itself: cmd/caddyfloor's sse_floor handler writes a stream's headers
+## and opening comment and takes the connection over (no checks, channel or event loop), on the same site as
+## bench-ramp; what is left of a stream's start cost when the sse handler costs nothing
+BENCH_FLOOR_CADDY ?= /tmp/bench-caddyfloor
+bench-caddy-floor: bench-build
+	$(GO) build -o $(BENCH_FLOOR_CADDY) ./cmd/caddyfloor
+	$(SSEBENCH) idle -url $(BENCH_URL) -conns $(BENCH_CONNS) -channels 1000 -settle 0 -label caddy-floor \
+		-spawn "$(BENCH_FLOOR_CADDY) run --config cmd/ssebench/testdata/Caddyfile.floor" -admin $(BENCH_ADMIN) -out $(BENCH_OUT) $(BENCH_QUIET) $(BENCH_FLAGS)
+
 ## profiles (admin /debug/pprof) into $(BENCH_PROFILES); read with go tool pprof -top $(BENCH_CADDY) <file>
 bench-profile-fanout: bench-build
 	mkdir -p $(BENCH_PROFILES)
@@ -162,3 +172,79 @@ bench-profile-churn: bench-build
 bench-profile-idle: bench-build
 	mkdir -p $(BENCH_PROFILES)
 	$(SSEBENCH) idle -url $(BENCH_URL) -conns $(BENCH_CONNS) -channels 1000 -server-heapprofile $(BENCH_PROFILES)/idle-heap.pprof $(SPAWN)
+
+## Side by side: the issue's reference servers, measured with the same tool and scenarios on this machine
+## (docs/PERFORMANCE.md, "Side by side"). bench-rivals-build installs Nchan (Debian's nginx-light and
+## libnginx-mod-nchan) and Pushpin (Debian's pushpin) and builds Mercure v0.24.0 (a Caddy module, with xcaddy and
+## the same Caddy) and Centrifugo v6.9.1 into $(RIVALS_DIR); none of it is needed by the tests or committed. The
+## module proxy here serves those versions without checksum-database entries: GOSUMDB=off for these two builds.
+## Each bench-rival-<server> runs idle, fanout (5/s), fanout20 and spread against it; the -redis ones fan out
+## through a Redis the tool starts on port 6391 (the servers' configs name it).
+RIVALS_DIR      ?= /tmp/ssebench-rivals
+RIVALS_CONF     = $(CURDIR)/cmd/ssebench/testdata/rivals
+MERCURE_VERSION ?= v0.24.0
+CENTRIFUGO_VERSION ?= v6.9.1
+RIVAL_OUT       = -out $(BENCH_OUT) $(BENCH_QUIET) $(BENCH_FLAGS)
+RIVAL_REDIS     = -spawn-redis $(BENCH_REDIS_SERVER) -redis-port 6391
+RIVAL_NCHAN     = -url 'http://127.0.0.1:9080/sub/{ch}' -publish-url 'http://127.0.0.1:9080/pub/{ch}' -publish-as nchan $(RIVAL_OUT)
+RIVAL_MERCURE   = -url 'http://127.0.0.1:9080/.well-known/mercure?topic={ch}' -publish-as mercure -secret bench $(RIVAL_OUT) \
+	-spawn "$(RIVALS_DIR)/mercure-caddy run --config $(RIVALS_CONF)/Caddyfile.mercure"
+RIVAL_CENTRIFUGO = -url 'http://127.0.0.1:9080/connection/uni_sse?cf_connect=%7B%22subs%22%3A%7B%22{ch}%22%3A%7B%7D%7D%7D' \
+	-publish-url http://127.0.0.1:9080/api/publish -publish-as centrifugo -secret bench $(RIVAL_OUT)
+# Pushpin's proxy drops streams (502, "message out of sequence") when 100 or more open at once: 20 in flight
+RIVAL_PUSHPIN   = -url 'http://127.0.0.1:9080/stream/{ch}' -publish-url http://127.0.0.1:5561/publish/ -publish-as pushpin $(RIVAL_OUT) \
+	-inflight 20 -spawn "$(BENCH_TOOL) grip-backend -addr 127.0.0.1:9098" -spawn "pushpin --config $(RIVALS_CONF)/pushpin.conf"
+# the four scenarios, as bench-idle, bench-fanout, bench-fanout20 and bench-spread
+RIVAL_SCENARIOS = "idle -conns $(BENCH_CONNS) -channels 1000" \
+	"fanout -conns $(BENCH_CONNS) -rate 5 -duration 30s" \
+	"fanout -conns $(BENCH_CONNS) -rate 20 -duration 30s -drain 60s -ordered=false -publishers 16" \
+	"spread -conns $(BENCH_CONNS) -channels 1000 -rate 500 -duration 30s"
+
+.PHONY: bench-rivals bench-rivals-build bench-rival-caddy-sse bench-rival-caddy-sse-redis bench-rival-nchan bench-rival-nchan-redis bench-rival-mercure \
+	bench-rival-centrifugo bench-rival-centrifugo-redis bench-rival-pushpin
+
+bench-rivals: bench-rival-caddy-sse bench-rival-caddy-sse-redis bench-rival-nchan bench-rival-nchan-redis \
+	bench-rival-mercure bench-rival-centrifugo bench-rival-centrifugo-redis bench-rival-pushpin
+
+bench-rivals-build: bench-build
+	@if ! command -v nginx >/dev/null || [ ! -e /usr/lib/nginx/modules/ngx_nchan_module.so ] || ! command -v pushpin >/dev/null; then \
+		set -x; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light libnginx-mod-nchan pushpin; fi
+	mkdir -p $(RIVALS_DIR)/nchan/tmp $(RIVALS_DIR)/pushpin
+	@if [ ! -x $(RIVALS_DIR)/mercure-caddy ]; then set -x; cd $(RIVALS_DIR) && GOSUMDB=off CADDY_VERSION=v2.11.9 \
+		$(GO) run github.com/caddyserver/xcaddy/cmd/xcaddy@v0.4.5 build \
+		--with github.com/dunglas/mercure/caddy@$(MERCURE_VERSION) --output $(RIVALS_DIR)/mercure-caddy; fi
+	@if [ ! -x $(RIVALS_DIR)/centrifugo ]; then set -x; GOSUMDB=off GOBIN=$(RIVALS_DIR) \
+		$(GO) install github.com/centrifugal/centrifugo/v6@$(CENTRIFUGO_VERSION); fi
+
+# run-rival runs the four scenarios with the server's flags ($(1)); a failed run (lost events, streams that did
+# not open) does not stop the others, and fails the target at the end
+define run-rival
+	failed=0; for sc in $(RIVAL_SCENARIOS); do $(SSEBENCH) $$sc $(1) || failed=1; done; exit $$failed
+endef
+
+## the module itself through the same loop, for a side-by-side pass: the takeover writer unless SSEBENCH_WRITER
+## says otherwise; the -redis one on a Redis of its own (Caddyfile.redis)
+bench-rival-caddy-sse: bench-build
+	export SSEBENCH_WRITER=$${SSEBENCH_WRITER:-takeover}; $(call run-rival,-label caddy-sse-$$SSEBENCH_WRITER -url $(BENCH_URL) $(SPAWN))
+
+bench-rival-caddy-sse-redis: bench-build
+	export SSEBENCH_WRITER=$${SSEBENCH_WRITER:-takeover}; $(call run-rival,-label caddy-sse-redis-$$SSEBENCH_WRITER -url $(BENCH_URL) $(SPAWN_REDIS))
+
+bench-rival-nchan: bench-rivals-build
+	$(call run-rival,-label nchan $(RIVAL_NCHAN) -spawn "nginx -p $(RIVALS_DIR)/nchan -c $(RIVALS_CONF)/nchan.conf")
+
+bench-rival-nchan-redis: bench-rivals-build
+	$(call run-rival,-label nchan-redis $(RIVAL_NCHAN) $(RIVAL_REDIS) -spawn "nginx -p $(RIVALS_DIR)/nchan -c $(RIVALS_CONF)/nchan-redis.conf")
+
+bench-rival-mercure: bench-rivals-build
+	$(call run-rival,-label mercure $(RIVAL_MERCURE))
+
+bench-rival-centrifugo: bench-rivals-build
+	$(call run-rival,-label centrifugo $(RIVAL_CENTRIFUGO) -spawn "$(RIVALS_DIR)/centrifugo -c $(RIVALS_CONF)/centrifugo.json")
+
+bench-rival-centrifugo-redis: bench-rivals-build
+	$(call run-rival,-label centrifugo-redis $(RIVAL_CENTRIFUGO) $(RIVAL_REDIS) -spawn "$(RIVALS_DIR)/centrifugo -c $(RIVALS_CONF)/centrifugo-redis.json")
+
+bench-rival-pushpin: bench-rivals-build
+	rm -rf $(RIVALS_DIR)/pushpin/run $(RIVALS_DIR)/pushpin/log && mkdir -p $(RIVALS_DIR)/pushpin/run $(RIVALS_DIR)/pushpin/log
+	$(call run-rival,-label pushpin $(RIVAL_PUSHPIN))

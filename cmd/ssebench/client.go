@@ -119,7 +119,7 @@ func (c *client) onEvent(typ, data, _ []byte) {
 	}
 	ev, ok := parseBenchData(data)
 	if !ok {
-		st.foreign++
+		st.unparsed++
 		return
 	}
 	s := c.slot(ev.ch)
@@ -238,6 +238,7 @@ type stats struct {
 	dupes           int64
 	reordered       int64
 	foreign         int64
+	unparsed        int64 // events without the tool's data: a rival server's own messages
 	closing         int64
 	truncatedEvents int64
 	moduleEvents    int64
@@ -325,6 +326,7 @@ type statsTotals struct {
 	dupes           int64
 	reordered       int64
 	foreign         int64
+	unparsed        int64 // events without the tool's data: a rival server's own messages
 	closing         int64
 	truncatedEvents int64
 	moduleEvents    int64
@@ -340,6 +342,7 @@ func (k *core) totals() *statsTotals {
 		t.dupes += s.dupes
 		t.reordered += s.reordered
 		t.foreign += s.foreign
+		t.unparsed += s.unparsed
 		t.closing += s.closing
 		t.truncatedEvents += s.truncatedEvents
 		t.moduleEvents += s.moduleEvents

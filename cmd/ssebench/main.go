@@ -10,7 +10,9 @@
 //
 // Scenarios: idle, fanout, spread, churn, reconnect, scaleout.
 // `ssebench floor-server` is a bare reference server for the machine's
-// floor (one write per delivery, nothing else). `ssebench subscribe-worker`
+// floor (one write per delivery, nothing else). `ssebench grip-backend` is
+// the backend that Pushpin needs for the side-by-side runs (-publish-as).
+// `ssebench subscribe-worker`
 // is the hidden child of -procs (it holds a share of the streams). Run
 // `ssebench -h` for the flags, and see docs/PERFORMANCE.md and the Makefile
 // for the commands behind the published figures.
@@ -28,6 +30,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -93,6 +96,7 @@ type config struct {
 	spawnRedis   string // redis-server binary to start privately
 	redisPort    int
 	publishRedis string // a redis:// URL, or "spawned"
+	publishAs    string // the publish API: caddy-sse, or one of rivals
 	redisPrefix  string
 	redisHistory int
 
@@ -168,6 +172,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.spawnRedis, "spawn-redis", "", "start a private Redis with this redis-server binary (a name is looked up in PATH) on a free 127.0.0.1 port, no persistence; its URL is given to the spawned servers in SSEBENCH_REDIS, its RSS and CPU are reported; stopped at the end")
 	fs.IntVar(&c.redisPort, "redis-port", 0, "-spawn-redis: port (default: a free one; never 6379)")
 	fs.StringVar(&c.publishRedis, "publish-redis", "", `publish straight into Redis with the module's function (FCALL sse_publish_v1, as a backend would) instead of the HTTP endpoint: a redis:// URL on loopback, or "spawned" for the -spawn-redis one`)
+	fs.StringVar(&c.publishAs, "publish-as", "caddy-sse", "the publish API of the server measured: caddy-sse (its JSON POST), or another SSE server's for a side-by-side run: "+strings.Join(rivals, ", ")+" (see docs/PERFORMANCE.md; -url is then that server's subscribe URL with {ch}, -publish-url its publish URL, -secret its publisher key)")
 	fs.StringVar(&c.redisPrefix, "redis-prefix", "sse:", "-publish-redis: the module's key prefix")
 	fs.IntVar(&c.redisHistory, "redis-history", 1000, "-publish-redis: events kept per channel (the Caddyfile's history)")
 	fs.IntVar(&c.procs, "procs", 0, "fanout, spread, scaleout: open the streams from this many child processes (each holds its share; process i uses URL i mod the URL count) while this one only publishes and merges; for more streams than one process may open files")
@@ -297,6 +302,10 @@ func (c *config) defaults() error {
 		return fmt.Errorf("-publish-redis spawned needs -spawn-redis")
 	case c.publishRedis != "" && c.publishURL != "":
 		return fmt.Errorf("-publish-redis and -publish-url exclude each other")
+	case c.publishAs != "caddy-sse" && !slices.Contains(rivals, c.publishAs):
+		return fmt.Errorf("-publish-as %q: want caddy-sse or one of %s", c.publishAs, strings.Join(rivals, ", "))
+	case c.publishAs != "caddy-sse" && (c.publishRedis != "" || c.scenario == "reconnect"):
+		return fmt.Errorf("-publish-as %s: publishes through that server's API, without -publish-redis or the reconnect scenario (a Caddy reload)", c.publishAs)
 	case c.publishRedis != "" && (c.redisHistory < 1 || c.redisPrefix == ""):
 		return fmt.Errorf("-publish-redis needs -redis-history ≥ 1 and a -redis-prefix")
 	}
@@ -315,6 +324,9 @@ func main() {
 func run(args []string) int {
 	if len(args) > 0 && args[0] == "floor-server" {
 		return runFloorServer(args[1:])
+	}
+	if len(args) > 0 && args[0] == "grip-backend" {
+		return runGripBackend(args[1:])
 	}
 	if len(args) > 0 && args[0] == workerCommand {
 		return runWorker(args[1:])

@@ -72,6 +72,7 @@ type workerReport struct {
 	Lat        *histogram       `json:"lat"`
 	ConnLat    *histogram       `json:"conn_lat"`
 	Foreign    int64            `json:"foreign"`
+	Unparsed   int64            `json:"unparsed"`
 	Closing    int64            `json:"closing"`
 	Truncated  int64            `json:"truncated"`
 	Conn       *connSummary     `json:"conn"`
@@ -164,7 +165,7 @@ func runWorker(args []string) int {
 		case "report":
 			t := k.totals()
 			rep := &workerReport{
-				Lat: &t.lat, ConnLat: &t.connLat, Foreign: t.foreign, Closing: t.closing, Truncated: t.truncatedEvents,
+				Lat: &t.lat, ConnLat: &t.connLat, Foreign: t.foreign, Unparsed: t.unparsed, Closing: t.closing, Truncated: t.truncatedEvents,
 				Conn: connSummaryOf(k), CPUSeconds: round3(selfCPU() - cpu0),
 			}
 			if errs := k.errors(); len(errs) > 0 {
@@ -546,6 +547,7 @@ func (s *workerStreams) totals() (*statsTotals, error) {
 		t.lat.Merge(rep.Lat)
 		t.connLat.Merge(rep.ConnLat)
 		t.foreign += rep.Foreign
+		t.unparsed += rep.Unparsed
 		t.closing += rep.Closing
 		t.truncatedEvents += rep.Truncated
 		conn.add(rep.Conn)

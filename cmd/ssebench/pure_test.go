@@ -124,10 +124,11 @@ func TestClientAccounting(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.uniq[0].Load() != 3 || c.uniq[1].Load() != 1 || st.dupes != 1 || st.reordered != 1 ||
-		st.foreign != 2 || st.closing != 1 || st.truncatedEvents != 1 || st.comments != 1 || st.received.Load() != 4 {
+		st.foreign != 1 || st.unparsed != 1 || st.closing != 1 || st.truncatedEvents != 1 || st.comments != 1 || st.received.Load() != 4 {
 		t.Fatalf("uniq %d/%d, stats %+v", c.uniq[0].Load(), c.uniq[1].Load(), st)
 	}
-	// the duplicate and the foreign event are neither received nor timed
+	// the duplicate, the event of another channel and the one without the
+	// tool's data are neither received nor timed
 	if st.lat.Count() != 4 || st.lat.Max() != 9 {
 		t.Fatalf("latency n=%d max=%d", st.lat.Count(), st.lat.Max())
 	}

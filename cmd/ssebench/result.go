@@ -143,6 +143,7 @@ type deliverySummary struct {
 	Reordered    int64   `json:"reordered"`
 	Extra        int64   `json:"extra,omitempty"`
 	Foreign      int64   `json:"foreign,omitempty"`
+	Unparsed     int64   `json:"unparsed,omitempty"`
 	Truncated    int64   `json:"truncated_events,omitempty"`
 	Closing      int64   `json:"server_closing,omitempty"`
 	PerS         float64 `json:"per_s"`

@@ -239,6 +239,9 @@ func (r *runner) setup() error {
 	}
 	r.pubTarget = pt
 	r.res.PublishTo = pubRaw
+	if cfg.publishAs != "caddy-sse" {
+		r.res.PublishTo = cfg.publishAs + " " + pubRaw
+	}
 	for _, a := range cfg.admins {
 		if err := checkLoopbackAddr(ctx, a, defaultLookup); err != nil {
 			return fmt.Errorf("-admin: %v", err)
@@ -341,7 +344,7 @@ func (r *runner) sample() (procSample, bool) {
 		return sum, false
 	}
 	for _, pid := range pids {
-		s, err := readProc(pid)
+		s, err := readProcTree(pid)
 		if err != nil {
 			r.note(fmt.Sprintf("reading /proc/%d: %v", pid, err))
 			return sum, false
@@ -607,6 +610,9 @@ func (r *runner) newPublisher() publisher {
 		p := newRedisPublisher(r.redisOpts, r.cfg.redisPrefix, r.cfg.redisHistory, r.cfg.publishers+2, r.cfg.publishTimeout)
 		p.note = r.note
 		return p
+	}
+	if r.cfg.publishAs != "caddy-sse" {
+		return newRivalPublisher(r.cfg.publishAs, r.pubTarget, r.cfg.secret, r.cfg.publishers+2, r.cfg.publishTimeout)
 	}
 	return newHTTPPublisher(r.pubTarget, r.cfg.secret, r.cfg.publishers+2, r.cfg.publishTimeout)
 }

@@ -127,7 +127,7 @@ func (r *runner) deliver(ss streamSet) error {
 	}
 	d := &deliverySummary{
 		Clients: t.clients, Expected: t.expected, Unique: t.unique, Received: recvAll,
-		Lost: t.lost, Dupes: tot.dupes, Reordered: tot.reordered, Extra: t.extra, Foreign: tot.foreign,
+		Lost: t.lost, Dupes: tot.dupes, Reordered: tot.reordered, Extra: t.extra, Foreign: tot.foreign, Unparsed: tot.unparsed,
 		Truncated: tot.truncatedEvents, Closing: tot.closing,
 		DrainSeconds: round3(drainSecs), Drained: drained,
 	}
@@ -154,7 +154,7 @@ func (r *runner) deliver(ss streamSet) error {
 	if pres.failed.Load() > 0 {
 		problems = append(problems, fmt.Sprintf("%d publishes failed", pres.failed.Load()))
 	}
-	problems = append(problems, deliveryFaults(d, cfg.ordered)...)
+	problems = append(problems, deliveryFaults(d, cfg.ordered, cfg.publishAs == "caddy-sse")...)
 	if len(problems) > 0 {
 		return errors.New(strings.Join(problems, "; "))
 	}
@@ -163,9 +163,11 @@ func (r *runner) deliver(ss streamSet) error {
 
 // deliveryFaults are what a correct server never does, whatever the load:
 // deliver an event twice, to a stream of another channel, or (with ordered
-// publishers) out of order. A run that saw any fails, as one that lost
+// publishers) out of order; and, when strict (caddy-sse), an event whose
+// data is not the tool's (other servers send messages of their own, like
+// Centrifugo's connect reply). A run that saw any fails, as one that lost
 // events does.
-func deliveryFaults(d *deliverySummary, ordered bool) []string {
+func deliveryFaults(d *deliverySummary, ordered, strict bool) []string {
 	var faults []string
 	if d.Dupes > 0 {
 		faults = append(faults, fmt.Sprintf("%d deliveries duplicated", d.Dupes))
@@ -175,6 +177,9 @@ func deliveryFaults(d *deliverySummary, ordered bool) []string {
 	}
 	if d.Foreign > 0 {
 		faults = append(faults, fmt.Sprintf("%d deliveries to a stream of another channel", d.Foreign))
+	}
+	if strict && d.Unparsed > 0 {
+		faults = append(faults, fmt.Sprintf("%d events whose data is not the tool's", d.Unparsed))
 	}
 	return faults
 }

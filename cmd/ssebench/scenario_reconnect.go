@@ -155,7 +155,7 @@ func (r *runner) reconnectStorm() error {
 	r.res.Reconnect = rs
 	d := &deliverySummary{
 		Clients: len(live), Expected: t.expected, Unique: t.unique, Received: received,
-		Lost: t.lost, Dupes: tot.dupes, Reordered: tot.reordered, Extra: t.extra, Foreign: tot.foreign,
+		Lost: t.lost, Dupes: tot.dupes, Reordered: tot.reordered, Extra: t.extra, Foreign: tot.foreign, Unparsed: tot.unparsed,
 		Truncated: tot.truncatedEvents, Closing: tot.closing, Drained: t.lost == 0,
 	}
 	if stormSecs > 0 {

@@ -186,7 +186,7 @@ func (r *runner) spawn() error {
 	}
 	if len(r.servers) > 1 {
 		for _, p := range r.servers {
-			for !listens(p.pid()) {
+			for !treeListens(p.pid()) {
 				if err := exited(); err != nil {
 					return err
 				}
@@ -214,6 +214,21 @@ func nothingListens(addrs []string) error {
 		}
 	}
 	return nil
+}
+
+// treeListens reports whether pid or one of its descendants holds a
+// listening TCP socket (Pushpin's runner does not; the condure it starts
+// does).
+func treeListens(pid int) bool {
+	if listens(pid) {
+		return true
+	}
+	for _, kid := range descendants(pid) {
+		if listens(kid) {
+			return true
+		}
+	}
+	return false
 }
 
 // listens reports whether pid holds a listening TCP socket.
