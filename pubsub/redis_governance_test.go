@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -410,5 +411,82 @@ func TestRedisLeaseAcquireDuringTheRemovalOfReleasesIsNotRefused(t *testing.T) {
 	r.removed()
 	if err != nil {
 		t.Fatalf("an acquire while the release of the principal's only lease was being flushed: %v", err)
+	}
+}
+
+// An instance that starts while another throttles clients learns every
+// throttle: those announced before its subscription to the internal
+// channel was confirmed come from the history, which it reads once its
+// watch of the channel has had its first sync (a sync covers what it read
+// the head of, and delivers only the newest of those). Each round races a
+// new instance's start against two announcements.
+func TestRedisThrottlesAnnouncedWhileAnInstanceStarts(t *testing.T) {
+	srv := redistest.Start(t)
+	newHub := func() *RedisThrottles {
+		hub, err := NewRedisHub(RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = hub.Close() })
+		return hub.Throttles().(*RedisThrottles)
+	}
+	ctx := context.Background()
+	a := newHub()
+	for round := range 20 {
+		b := newHub()
+		b.following()
+		// announce right after b read the history, which may be before its
+		// subscription is confirmed
+		for deadline := time.Now().Add(redisWait); ; runtime.Gosched() {
+			b.mu.Lock()
+			loaded := b.loaded
+			b.mu.Unlock()
+			if loaded {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the throttle announcements were not loaded")
+			}
+		}
+		first, second := fmt.Sprint("first|", round), fmt.Sprint("second|", round)
+		if err := a.Throttle(ctx, first, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Throttle(ctx, second, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		for _, key := range []string{first, second} {
+			waitThrottled(t, b, key)
+		}
+	}
+}
+
+// The streams of a burst at start look clients up once the announcements
+// are loaded, not each with a Redis call of its own (which made go-redis
+// open its whole pool).
+func TestRedisThrottlesBurstAtStartWaitsForTheLoad(t *testing.T) {
+	srv := redistest.Start(t)
+	hub, err := NewRedisHub(RedisOptions{Addrs: []string{srv.Addr()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = hub.Close() })
+	r := hub.Throttles().(*RedisThrottles)
+	pttl := func() string { return commandCalls(srv.MustCLI("INFO", "commandstats"), "cmdstat_pttl") }
+	before := pttl()
+	var wg sync.WaitGroup
+	for range 200 {
+		wg.Go(func() {
+			if left, err := r.Remaining(context.Background(), "someone|5.6.7.8"); left != 0 || err != nil {
+				t.Errorf("an unthrottled key: %v %v", left, err)
+			}
+		})
+	}
+	wg.Wait()
+	if after := pttl(); after != before {
+		t.Fatalf("the burst called Redis: PTTL %q → %q", before, after)
+	}
+	if clients := strings.Count(srv.MustCLI("CLIENT", "LIST"), "\n"); clients > 6 {
+		t.Fatalf("%d connections to Redis after the burst", clients)
 	}
 }

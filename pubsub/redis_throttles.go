@@ -31,6 +31,7 @@ type RedisThrottles struct {
 	mu     sync.Mutex
 	known  *MemoryThrottles // what this instance was told
 	loaded bool             // known holds the history: Remaining needs no Redis
+	ready  chan struct{}    // closed once loaded
 	stop   chan struct{}
 }
 
@@ -45,7 +46,7 @@ var throttleHistory = replay.Limits{Count: maxThrottles, MaxAge: 24 * time.Hour,
 
 // NewRedisThrottles returns throttles in b's Redis.
 func NewRedisThrottles(b *Redis) *RedisThrottles {
-	return &RedisThrottles{b: b, known: NewMemoryThrottles(), stop: make(chan struct{})}
+	return &RedisThrottles{b: b, known: NewMemoryThrottles(), ready: make(chan struct{}), stop: make(chan struct{})}
 }
 
 // follow makes the throttles answer from memory once they have read the
@@ -93,10 +94,7 @@ func (r *RedisThrottles) Throttle(ctx context.Context, key string, d time.Durati
 func (r *RedisThrottles) Remaining(ctx context.Context, key string) (time.Duration, error) {
 	if r.hub != nil {
 		r.following()
-		r.mu.Lock()
-		loaded := r.loaded
-		r.mu.Unlock()
-		if loaded {
+		if r.waitLoaded(ctx) {
 			return r.known.Remaining(ctx, key)
 		}
 	}
@@ -124,12 +122,46 @@ func (r *RedisThrottles) following() {
 	})
 }
 
+// waitLoaded waits, at most loadWait, for the announcements to be loaded;
+// false if they are not (Redis is then asked). The streams of a burst at
+// start — Caddy's first config, a reconnect storm — wait for the one read
+// of the history instead of each asking Redis: 145 of a 10k ramp did, at
+// once, and go-redis opened its whole pool for them (20 connections, 1.6 MB
+// of buffers kept for half an hour).
+func (r *RedisThrottles) waitLoaded(ctx context.Context) bool {
+	select {
+	case <-r.ready:
+		return true
+	default:
+	}
+	timer := time.NewTimer(loadWait)
+	defer timer.Stop()
+	select {
+	case <-r.ready:
+		return true
+	case <-timer.C:
+	case <-ctx.Done():
+	case <-r.b.downSignal(): // Redis is down: no load to wait for
+	}
+	return false
+}
+
+// loadWait bounds how long a lookup waits for the announcements' load: a
+// subscription, its first sync and one read, a few milliseconds unless
+// Redis is slow.
+const loadWait = time.Second
+
 // load reads the announcements kept in Redis, retrying while Redis cannot
-// be reached, until they are all known or the broker closes.
+// be reached, until they are all known or the broker closes. It reads them
+// once the internal channel's watch has had its first sync (watcher.synced):
+// read before, an announcement made while the subscription was being
+// confirmed was in neither the history read nor what the sync delivered,
+// and this instance never refused that client.
 func (r *RedisThrottles) load() {
 	wait := 100 * time.Millisecond
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		r.b.watch.synced(ctx, r.b.Key(throttleChannel)) // not synced (Redis slow or down): read anyway, or fail and retry
 		// a position of no epoch: the read is truncated to the newest events
 		page, err := r.hub.Read(ctx, throttleChannel, &replay.Position{}, throttleHistory.Count)
 		cancel()
@@ -140,6 +172,7 @@ func (r *RedisThrottles) load() {
 			r.mu.Lock()
 			r.loaded = true
 			r.mu.Unlock()
+			close(r.ready)
 			return
 		}
 		select {

@@ -164,6 +164,27 @@ func (w *watcher) startAt(ctx context.Context, key string) (replay.Position, boo
 	return wt.delivered()
 }
 
+// synced waits until the watch of key has had its first sync (or was
+// dropped), ctx ends or Redis is found down; false if it did not sync (or
+// key is not watched). A subscriber that reads a channel's history once,
+// without noticing gaps itself, reads it after this: the first sync
+// delivers only the newest of the events its head covers, and one
+// announced while the subscription was being confirmed is then in the
+// history, not lost.
+func (w *watcher) synced(ctx context.Context, key string) bool {
+	wt := w.lookup(key)
+	if wt == nil {
+		return false
+	}
+	select {
+	case <-wt.ready:
+		return true
+	case <-ctx.Done():
+	case <-w.b.downSignal():
+	}
+	return false
+}
+
 // syncWait bounds how long a new stream waits for its channel's first
 // sync before it reads the head itself: a sync takes a few round trips
 // (subscribe, confirmation, pipelined check), more on a saturated machine;
