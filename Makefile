@@ -141,11 +141,12 @@ bench-idle-tls: bench-build
 bench-idle-h2: bench-build
 	$(SSEBENCH) idle -url $(BENCH_TLS_URL) -engine std -proto h2 -h2-conns 40 -conns $(BENCH_CONNS) -channels 1000 $(SPAWN_TLS)
 
-## floor: the same fanout and spread against `ssebench floor-server`, a bare reference server (one write per
-## delivery, nothing else): what the kernel's loopback TCP and the load generator cost on this machine
+## floor: the same fanout and spread against `ssebench floor-server -uring`, a bare reference server (one send per
+## delivery, an event's sends in one io_uring submission as the module's loops do, nothing else): what the kernel's
+## loopback TCP and the load generator cost on this machine
 bench-floor: bench-build
-	$(SSEBENCH) fanout -url http://127.0.0.1:9090/events -conns $(BENCH_CONNS) -rate 5 -duration 30s -spawn "$(BENCH_TOOL) floor-server -addr 127.0.0.1:9090" -out $(BENCH_OUT) $(BENCH_QUIET) $(BENCH_FLAGS)
-	$(SSEBENCH) spread -url http://127.0.0.1:9090/events -conns $(BENCH_CONNS) -channels 1000 -rate 500 -duration 30s -spawn "$(BENCH_TOOL) floor-server -addr 127.0.0.1:9090" -out $(BENCH_OUT) $(BENCH_QUIET) $(BENCH_FLAGS)
+	$(SSEBENCH) fanout -url http://127.0.0.1:9090/events -conns $(BENCH_CONNS) -rate 5 -duration 30s -spawn "$(BENCH_TOOL) floor-server -addr 127.0.0.1:9090 -uring" -out $(BENCH_OUT) $(BENCH_QUIET) $(BENCH_FLAGS)
+	$(SSEBENCH) spread -url http://127.0.0.1:9090/events -conns $(BENCH_CONNS) -channels 1000 -rate 500 -duration 30s -spawn "$(BENCH_TOOL) floor-server -addr 127.0.0.1:9090 -uring" -out $(BENCH_OUT) $(BENCH_QUIET) $(BENCH_FLAGS)
 
 ## caddy-floor: the connection ramp of Caddy itself: cmd/caddyfloor's sse_floor handler writes a stream's headers
 ## and opening comment and takes the connection over (no checks, channel or event loop), on the same site as
