@@ -311,6 +311,13 @@ func TestRedisThrottlesFollowAnnouncements(t *testing.T) {
 
 func waitLoaded(t *testing.T, r *RedisThrottles) {
 	t.Helper()
+	waitLoadedEvery(t, r, 10*time.Millisecond)
+}
+
+// waitLoadedEvery looks every pause (or without pausing, if 0: it returns
+// as soon as the load is done) until the announcements are loaded.
+func waitLoadedEvery(t *testing.T, r *RedisThrottles, pause time.Duration) {
+	t.Helper()
 	deadline := time.Now().Add(redisWait)
 	for {
 		r.mu.Lock()
@@ -322,7 +329,11 @@ func waitLoaded(t *testing.T, r *RedisThrottles) {
 		if time.Now().After(deadline) {
 			t.Fatal("the throttle announcements were not loaded")
 		}
-		time.Sleep(10 * time.Millisecond)
+		if pause == 0 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(pause)
+		}
 	}
 }
 
@@ -437,17 +448,7 @@ func TestRedisThrottlesAnnouncedWhileAnInstanceStarts(t *testing.T) {
 		b.following()
 		// announce right after b read the history, which may be before its
 		// subscription is confirmed
-		for deadline := time.Now().Add(redisWait); ; runtime.Gosched() {
-			b.mu.Lock()
-			loaded := b.loaded
-			b.mu.Unlock()
-			if loaded {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("the throttle announcements were not loaded")
-			}
-		}
+		waitLoadedEvery(t, b, 0)
 		first, second := fmt.Sprint("first|", round), fmt.Sprint("second|", round)
 		if err := a.Throttle(ctx, first, time.Minute); err != nil {
 			t.Fatal(err)

@@ -36,6 +36,22 @@ type httpPublisher struct {
 }
 
 func newHTTPPublisher(t *target, secret string, conns int, timeout time.Duration) *httpPublisher {
+	tr := publishTransport(t, conns, timeout)
+	scheme := "http"
+	if t.tls {
+		scheme = "https"
+	}
+	return &httpPublisher{
+		url:    scheme + "://" + t.host + t.url.RequestURI(),
+		secret: secret,
+		tr:     tr,
+		client: &http.Client{Transport: tr, Timeout: timeout},
+	}
+}
+
+// publishTransport dials the target's checked address (never its name
+// again), keeping up to conns connections.
+func publishTransport(t *target, conns int, timeout time.Duration) *http.Transport {
 	dialer := &net.Dialer{Timeout: timeout}
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
@@ -47,16 +63,7 @@ func newHTTPPublisher(t *target, secret string, conns int, timeout time.Duration
 	if t.tls {
 		tr.TLSClientConfig = insecureTLS()
 	}
-	scheme := "http"
-	if t.tls {
-		scheme = "https"
-	}
-	return &httpPublisher{
-		url:    scheme + "://" + t.host + t.url.RequestURI(),
-		secret: secret,
-		tr:     tr,
-		client: &http.Client{Transport: tr, Timeout: timeout},
-	}
+	return tr
 }
 
 type publishBody struct {

@@ -10,7 +10,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -39,14 +38,7 @@ type rivalPublisher struct {
 }
 
 func newRivalPublisher(kind string, t *target, secret string, conns int, timeout time.Duration) *rivalPublisher {
-	dialer := &net.Dialer{Timeout: timeout}
-	tr := &http.Transport{
-		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return dialer.DialContext(ctx, network, t.addr.String())
-		},
-		MaxIdleConnsPerHost: conns,
-		DisableCompression:  true,
-	}
+	tr := publishTransport(t, conns, timeout)
 	p := &rivalPublisher{kind: kind, raw: t.raw, host: t.host, secret: secret, tr: tr,
 		client: &http.Client{Transport: tr, Timeout: timeout}}
 	if kind == "mercure" {
