@@ -491,3 +491,86 @@ func TestRedisThrottlesBurstAtStartWaitsForTheLoad(t *testing.T) {
 		t.Fatalf("%d connections to Redis after the burst", clients)
 	}
 }
+
+// The throttles follow their channel as a bare hub subscriber: they do not
+// notice gaps. An announcement this instance missed (its pub/sub
+// connection was replaced) is repaired from the history, but while the
+// history cannot be read (here an ACL; in production a timeout, BUSY, a
+// pool wait) the next announcement is delivered and moves the watch's last
+// position past the missed one. Nothing delivers it afterwards: the checks
+// find head == last.
+func TestRedisThrottleMissedWhileARepairFailsIsApplied(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.MustCLI("ACL", "SETUSER", "b", "on", ">secret", "~*", "&*", "+@all")
+	newHub := func(opts RedisOptions) *RedisThrottles {
+		opts.Addrs, opts.CheckInterval = []string{srv.Addr()}, 200*time.Millisecond
+		hub, err := NewRedisHub(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = hub.Close() })
+		return hub.Throttles().(*RedisThrottles)
+	}
+	ctx := context.Background()
+	a, b := newHub(RedisOptions{}), newHub(RedisOptions{Username: "b", Password: "secret"})
+	_, _ = b.Remaining(ctx, "x")
+	waitLoaded(t, b)
+	srv.WaitShardSubscribers(t, b.b.Key(throttleChannel), 1)
+	waitSynced(t, b.b, throttleChannel)
+
+	// b cannot read the channel's history for a while
+	srv.MustCLI("ACL", "SETUSER", "b", "resetkeys", "~sse:throttle:*")
+	srv.MustCLI("CLIENT", "KILL", "TYPE", "pubsub")
+	if err := a.Throttle(ctx, "missed|1.2.3.4", time.Minute); err != nil { // while b resubscribes
+		t.Fatal(err)
+	}
+	srv.WaitShardSubscribers(t, b.b.Key(throttleChannel), 1)
+	time.Sleep(300 * time.Millisecond) // b's checks run, and fail
+	if err := a.Throttle(ctx, "next|1.2.3.4", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	waitThrottled(t, b, "next|1.2.3.4")
+	srv.MustCLI("ACL", "SETUSER", "b", "~*") // b reads again
+
+	time.Sleep(time.Second) // five check intervals
+	if left, err := b.Remaining(ctx, "missed|1.2.3.4"); err != nil || left < 50*time.Second {
+		t.Fatalf("a throttle announced while b resubscribed: %v left on b (%v), want about a minute", left, err)
+	}
+}
+
+// A repair delivers at most RepairLimit events, the newest: streams notice
+// the hole before them and read it themselves, the throttles never learn
+// the older announcements.
+func TestRedisThrottlesBeyondTheRepairLimitAreApplied(t *testing.T) {
+	srv := redistest.Start(t)
+	newHub := func(opts RedisOptions) *RedisThrottles {
+		opts.Addrs, opts.CheckInterval = []string{srv.Addr()}, 200*time.Millisecond
+		hub, err := NewRedisHub(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = hub.Close() })
+		return hub.Throttles().(*RedisThrottles)
+	}
+	ctx := context.Background()
+	a, b := newHub(RedisOptions{}), newHub(RedisOptions{RepairLimit: 2})
+	_, _ = b.Remaining(ctx, "x")
+	waitLoaded(t, b)
+	srv.WaitShardSubscribers(t, b.b.Key(throttleChannel), 1)
+	waitSynced(t, b.b, throttleChannel)
+
+	srv.MustCLI("CLIENT", "KILL", "TYPE", "pubsub") // b resubscribes after a 50 ms backoff
+	keys := []string{"k1|1.2.3.4", "k2|1.2.3.4", "k3|1.2.3.4", "k4|1.2.3.4", "k5|1.2.3.4"}
+	for _, key := range keys {
+		if err := a.Throttle(ctx, key, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitThrottled(t, b, keys[len(keys)-1])
+	time.Sleep(time.Second) // five check intervals
+	for _, key := range keys {
+		if left, _ := b.Remaining(ctx, key); left < 50*time.Second {
+			t.Errorf("%s throttled while b resubscribed: %v left on b, want about a minute", key, left)
+		}
+	}
+}

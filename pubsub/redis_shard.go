@@ -169,6 +169,25 @@ func (s *shard) leftLocked(key string) bool {
 	return true
 }
 
+// ping has the connection answer a PING, so that its receive loop runs the
+// check that attach queued for a key the shard still carried (unwatched and
+// watched again before the manager ran): no confirmation comes for it, and
+// on a quiet shard the new watch's first sync would wait for the next
+// message or check interval, its new streams for syncWait.
+func (s *shard) ping() {
+	s.mu.Lock()
+	ps := s.ps
+	s.mu.Unlock()
+	if ps == nil {
+		return // connecting: every key is subscribed, and checked, then
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := ps.Ping(ctx); err != nil {
+		s.kill(ps)
+	}
+}
+
 // kill closes a broken connection so that run replaces it.
 func (s *shard) kill(ps *redis.PubSub) { _ = ps.Close() }
 
@@ -214,9 +233,16 @@ func (s *shard) run() {
 		s.mu.Lock()
 		s.ps = nil
 		closed := s.closed
+		carried := make([]*watch, 0, len(s.keys))
+		for _, wt := range s.keys {
+			carried = append(carried, wt)
+		}
 		s.mu.Unlock()
 		if closed {
 			return
+		}
+		for _, wt := range carried {
+			wt.lostSubscription()
 		}
 		if err != nil {
 			s.w.b.unavailable(err)

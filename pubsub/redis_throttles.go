@@ -22,17 +22,24 @@ import (
 // watches (follow); once an instance has read that channel's history, it
 // answers from what it was told, in memory. The channel has the guarantees
 // of any other: in order, gaps repaired from its stream after a lost
-// notification or a reconnect.
+// notification or a reconnect. Streams also notice a gap the watcher could
+// not repair (its read failed, or a gap longer than its repair limit) and
+// read the history themselves; so do the throttles: an announcement that
+// does not follow the last one known makes them read the whole history
+// again (applying a throttle twice changes nothing).
 type RedisThrottles struct {
 	b *Redis
 
-	hub    *Hub // set by follow
-	start  sync.Once
-	mu     sync.Mutex
-	known  *MemoryThrottles // what this instance was told
-	loaded bool             // known holds the history: Remaining needs no Redis
-	ready  chan struct{}    // closed once loaded
-	stop   chan struct{}
+	hub       *Hub // set by follow
+	start     sync.Once
+	mu        sync.Mutex
+	known     *MemoryThrottles // what this instance was told
+	loaded    bool             // known holds the history: Remaining needs no Redis
+	last      replay.Position  // of the newest announcement known
+	reloading bool             // a read of the history is under way
+	ready     chan struct{}    // closed once loaded
+	readyOnce sync.Once
+	stop      chan struct{}
 }
 
 // throttleChannel is the internal channel of throttle announcements. A
@@ -118,6 +125,9 @@ func (r *RedisThrottles) Remaining(ctx context.Context, key string) (time.Durati
 func (r *RedisThrottles) following() {
 	r.start.Do(func() {
 		r.hub.Subscribe(r, []string{throttleChannel}) // for the hub's life
+		r.mu.Lock()
+		r.reloading = true
+		r.mu.Unlock()
 		go r.load()
 	})
 }
@@ -170,9 +180,12 @@ func (r *RedisThrottles) load() {
 				r.apply(ev)
 			}
 			r.mu.Lock()
-			r.loaded = true
+			r.loaded, r.reloading = true, false
+			if !r.last.Covers(page.Head) || r.last.Contradicts(page.Head) {
+				r.last = page.Head
+			}
 			r.mu.Unlock()
-			close(r.ready)
+			r.readyOnce.Do(func() { close(r.ready) })
 			return
 		}
 		select {
@@ -185,7 +198,35 @@ func (r *RedisThrottles) load() {
 }
 
 // Deliver receives the announcements of every instance.
-func (r *RedisThrottles) Deliver(_ int, ev *replay.Event) { r.apply(ev) }
+func (r *RedisThrottles) Deliver(_ int, ev *replay.Event) {
+	r.apply(ev)
+	if r.noteGap(ev) {
+		go r.load()
+	}
+}
+
+// noteGap records an announcement's position; it reports whether the
+// history must be read again: announcements before this one may never have
+// arrived, and no read of the history is under way already. An event of a
+// local epoch (published while Redis was down, fallback local) is not
+// Redis' history: it is applied, nothing more.
+func (r *RedisThrottles) noteGap(ev *replay.Event) bool {
+	if ev.Local {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case r.last.Covers(ev.Pos) && !r.last.Contradicts(ev.Pos):
+		return false // known already
+	case r.last.Follows(ev.Pos) || !r.loaded || r.reloading: // the zero position (an empty history) is followed by seq 1
+		r.last = ev.Pos
+		return false
+	}
+	r.last = ev.Pos
+	r.reloading = true
+	return true
+}
 
 // apply remembers an announced throttle for what is left of it.
 func (r *RedisThrottles) apply(ev *replay.Event) {

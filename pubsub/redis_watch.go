@@ -49,6 +49,10 @@ type watch struct {
 	mu    sync.RWMutex
 	last  replay.Position
 	known bool
+	// behind: the shard's connection ended and no check has compared the
+	// head since; events may have been published meanwhile, so last is not
+	// where a new stream starts (delivered).
+	behind bool
 
 	// ready is closed once last is known (or the watch is dropped): the
 	// streams that join a channel before its first sync wait for it
@@ -134,7 +138,18 @@ func (wt *watch) delivered() (replay.Position, bool) {
 		return replay.Position{}, false
 	}
 	defer wt.mu.RUnlock()
-	return wt.last, wt.known
+	return wt.last, wt.known && !wt.behind
+}
+
+// lostSubscription marks the watch as behind until its next check: its
+// shard's connection ended, and what was published meanwhile arrives only
+// with the repair after the new subscription is confirmed. A stream that
+// started at last then would be handed those events, published before it
+// joined (SPEC S4: a fresh stream starts live).
+func (wt *watch) lostSubscription() {
+	wt.mu.Lock()
+	wt.behind = true
+	wt.mu.Unlock()
 }
 
 // startAt is delivered for a stream that just subscribed: if the channel's
@@ -235,6 +250,7 @@ func (w *watcher) apply() {
 
 	subscribe := map[*shard][]string{}
 	unsubscribe := map[*shard][]string{}
+	resync := map[*shard]bool{} // shards that carried a key already: its check is queued
 	for key := range changes {
 		current := w.lookup(key)
 		if current == nil {
@@ -250,6 +266,8 @@ func (w *watcher) apply() {
 		}
 		if s.attach(key, current) {
 			subscribe[s] = append(subscribe[s], key)
+		} else {
+			resync[s] = true
 		}
 	}
 	for s, keys := range unsubscribe {
@@ -257,6 +275,9 @@ func (w *watcher) apply() {
 	}
 	for s, keys := range subscribe {
 		s.subscribe(keys)
+	}
+	for s := range resync {
+		s.ping()
 	}
 }
 
@@ -441,6 +462,8 @@ func (w *watcher) syncHead(wt *watch, head replay.Position, newest *replay.Event
 	case head != wt.last:
 		w.repairLocked(wt)
 	}
+	// caught up with the head this check read, unless the repair failed
+	wt.behind = head != wt.last && !(wt.last.Covers(head) && !wt.last.Contradicts(head))
 }
 
 // beyondHead is the position to read after for a channel's newest event: a

@@ -198,3 +198,89 @@ func callsPlus(t *testing.T, calls string, n int) string {
 	}
 	return "calls=" + strconv.Itoa(c+n)
 }
+
+// A channel whose last subscriber leaves and whose next one comes before
+// the manager applied the unwatch keeps its Redis subscription (attach
+// finds the key still on the shard) and only queues the new watch's first
+// sync; nothing made the shard's receive loop run it, so on a quiet shard
+// the new stream waited the whole syncWait and then read the head itself.
+func TestRedisRewatchedChannelIsSyncedAtOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: time.Minute})
+	slow := 0
+	const rounds = 10
+	for i := range rounds {
+		ch := "flap-" + strconv.Itoa(i)
+		publishTo(t, hub, ch, "x")
+		sub := hub.Subscribe(newRedisRecorder(), []string{ch})
+		srv.WaitShardSubscribers(t, broker.Key(ch), 1)
+		waitSynced(t, broker, ch)
+		sub.Close() // the last subscriber leaves, the next comes at once
+		sub = hub.Subscribe(newRedisRecorder(), []string{ch})
+		defer sub.Close()
+		started := time.Now()
+		if _, err := hub.Read(context.Background(), ch, nil, 100); err != nil {
+			t.Fatal(err)
+		}
+		if took := time.Since(started); took > syncWait/2 {
+			slow++
+			t.Logf("round %d: the new stream's start took %v", i, took)
+		}
+	}
+	if slow > 0 {
+		t.Fatalf("%d of %d new streams of a channel watched again at once waited for a sync that did not come", slow, rounds)
+	}
+}
+
+// A watch stays known while its pub/sub connection is down: until the new
+// subscription is confirmed and checked, a new stream (a Read without a
+// position: startAt) starts at the last position the watch delivered
+// before the connection broke, behind the channel's head, and is later
+// handed the events published before it joined (SPEC S4: a fresh
+// connection starts live, no replay).
+func TestRedisNewStreamWhileResubscribingStartsAtTheHead(t *testing.T) {
+	srv := redistest.Start(t)
+	other, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: time.Minute})
+	rec := follow(t, srv, hub, broker, "orders")
+	publishTo(t, other, "orders", "o1")
+	rec.waitFor(t, 0, 1)
+
+	stale := 0
+	const rounds = 5
+	for round := range rounds {
+		srv.MustCLI("CLIENT", "KILL", "TYPE", "pubsub")
+		time.Sleep(10 * time.Millisecond) // the shard noticed: it waits to reconnect
+		publishTo(t, other, "orders", fmt.Sprint("missed-", round))
+		head := publishTo(t, hub, "orders", fmt.Sprint("own-", round)) // this instance publishes too
+		sub := hub.Subscribe(newRedisRecorder(), []string{"orders"})
+		page, err := hub.Read(context.Background(), "orders", nil, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if page.Head != head {
+			stale++
+			t.Logf("round %d: a new stream starts at seq %d; the channel's head is seq %d", round, page.Head.Seq, head.Seq)
+		}
+		sub.Close()
+		srv.WaitShardSubscribers(t, broker.Key("orders"), 1)
+		waitDelivered(t, broker, "orders", head)
+	}
+	if stale > 0 {
+		t.Fatalf("%d of %d new streams started behind the channel's head", stale, rounds)
+	}
+}
+
+func waitDelivered(t *testing.T, broker *Redis, channel string, at replay.Position) {
+	t.Helper()
+	deadline := time.Now().Add(redisWait)
+	for {
+		if last, ok := broker.watch.delivered(broker.Key(channel)); ok && last == at {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the watch of %s did not catch up with %+v", channel, at)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
