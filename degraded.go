@@ -21,10 +21,49 @@ import (
 // heartbeats: without the history it cannot know where its channels are.
 
 // degrade marks the stream degraded, keeping the client's cursor for the
-// replay once the backend is back.
+// replay once the backend is back. Until then the ids it writes (of
+// fallback-local events) carry the client's positions for the channels its
+// cursor names, and leave out those whose position it does not know: the
+// zero position would have a reconnect replay their whole history.
+//
+// A channel the cursor does not name starts where this instance last saw
+// it, if it was following it (another stream reads it): the events after
+// that position are the ones published since the stream opened, for Redis
+// was down when it did (opened). Others start at the time the stream
+// opened (addSinceOpened).
 func (s *stream) degrade(idText string) {
 	s.idText = &idText
+	cursor, _ := replay.ParseCursor(idText)
+	s.unknown = newSlotBits(len(s.cursor))
+	for slot := range s.cursor {
+		if pos, named := replay.Lookup(cursor, s.cursor[slot].Hash); named {
+			s.cursor[slot].Pos = pos
+		} else if pos, seen := s.h.hub.LastKnown(s.keys[slot]); seen {
+			s.cursor[slot].Pos = pos
+			if s.opened == nil {
+				s.opened = make([]replay.Position, len(s.cursor))
+			}
+			s.opened[slot] = pos
+		} else if !s.fresh.has(slot) { // its head was not read
+			s.unknown.set(slot)
+		}
+	}
 	s.degraded.Store(true)
+}
+
+// idEntries are the cursor entries of the stream's ids: all but those of
+// channels whose position a degraded stream does not know.
+func (s *stream) idEntries() []replay.ChannelPosition {
+	if s.unknown == nil {
+		return s.cursor
+	}
+	known := make([]replay.ChannelPosition, 0, len(s.cursor))
+	for slot, e := range s.cursor {
+		if !s.unknown.has(slot) {
+			known = append(known, e)
+		}
+	}
+	return known
 }
 
 // writeDegraded tells the client that its stream is live-only for now.
@@ -51,16 +90,24 @@ func (s *stream) recover(ctx context.Context) (bool, error) {
 			err = s.addSinceOpened(ctx, &sp)
 		}
 		if err == nil {
+			s.unknown = nil
 			s.degraded.Store(false)
 			s.h.metrics.replay(*s.idText != "", len(sp.truncated) > 0)
 			return true, s.writeStart(sp)
 		}
 	}
-	batch, _ := s.take()
+	batch, overflowed := s.take()
 	local := slices.DeleteFunc(batch, func(q queued) bool { return !q.ev.Local })
 	_, err := s.drainBatch(ctx, local, false)
 	clear(local)
-	s.resumeLive()
+	if err == nil && overflowed {
+		// the live events its queue did not take may be local ones, which
+		// no history has: end, as a stream that cannot catch up does (its
+		// reconnect, with a local position, is told it was truncated). It
+		// does not take live events again here: an overflow while it wrote
+		// is seen by the next take, not cleared unseen.
+		err = errHistoryGap
+	}
 	return false, err
 }
 
@@ -74,10 +121,13 @@ const openedSlack = 5 * time.Second
 // opened. A stream that opens with its history reads each channel's head
 // then, and writes what follows; a degraded one reads it only now, and the
 // events published between the backend's return and this read (before this
-// instance was subscribed again, some of them) would be behind it. Events
-// from a little before it opened may be among them: its client, which holds
-// no position there, is better off with those than without the others.
-// If more were published since it opened than a replay holds, it gets the
+// instance was subscribed again, some of them) would be behind it. On a
+// channel this instance was following when the stream opened, those are
+// the events after the last one it saw (degrade); on another, the events
+// dated since the stream opened, less openedSlack: events from a little
+// before it opened may be among them, and its client, which holds no
+// position there, is better off with those than without the others. If
+// more were published since it opened than a replay holds, it gets the
 // newest and is told that channel was truncated, as any replay cut short.
 func (s *stream) addSinceOpened(ctx context.Context, sp *startingPoint) error {
 	since := time.Unix(0, s.began).Add(-openedSlack).UnixMilli()
@@ -85,17 +135,21 @@ func (s *stream) addSinceOpened(ctx context.Context, sp *startingPoint) error {
 		if !s.fresh.has(slot) || sp.pages[slot].Head.IsZero() {
 			continue
 		}
-		page, err := s.h.hub.Read(ctx, s.keys[slot], &replay.Position{}, s.h.ReplayLimit)
+		after := replay.Position{} // the newest events, then kept by time
+		if s.opened != nil && s.opened[slot].Epoch == sp.pages[slot].Head.Epoch && !s.opened[slot].IsZero() {
+			after = s.opened[slot] // where this instance was when it opened
+		}
+		page, err := s.h.hub.Read(ctx, s.keys[slot], &after, s.h.ReplayLimit)
 		if err != nil {
 			return err
 		}
 		events := page.Events
-		for len(events) > 0 && events[0].Pos.Time < since {
+		for after.IsZero() && len(events) > 0 && events[0].Pos.Time < since {
 			events = events[1:]
 		}
 		if len(events) > 0 && events[len(events)-1].Pos.Epoch == sp.pages[slot].Head.Epoch {
 			sp.pages[slot].Events = events
-			if cutShort(page, len(events), s.h.ReplayLimit) {
+			if cutShort(page, len(events)) {
 				sp.truncated = append(sp.truncated, s.names[slot])
 			}
 		}
@@ -105,8 +159,8 @@ func (s *stream) addSinceOpened(ctx context.Context, sp *startingPoint) error {
 
 // cutShort reports whether a page of the newest events, of which the kept
 // last ones are all since the stream opened, may have left out some from
-// since then: it is full, none of it was older, and its first event is not
-// the channel's first.
-func cutShort(page replay.Page, kept, limit int) bool {
-	return len(page.Events) == limit && kept == limit && page.Events[0].Pos.Seq > 1
+// since then: none of it was older, and events before its first were left
+// out (truncated: more than limit, or no longer in the history).
+func cutShort(page replay.Page, kept int) bool {
+	return page.Truncated && kept == len(page.Events) && page.Events[0].Pos.Seq > 1
 }

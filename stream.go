@@ -92,6 +92,13 @@ type stream struct {
 	hurry  atomic.Pointer[func()]
 	tk     atomic.Pointer[tconn] // set once an event loop writes it (takeover)
 	idText *string               // the client's cursor, kept while degraded
+	// unknown marks, while degraded, the slots whose position the stream
+	// does not know (left out of its ids); nil otherwise
+	unknown slotBits
+	// opened holds, for a degraded stream, where this instance last saw
+	// each channel the client's cursor does not name (zero: not seen); nil
+	// otherwise (degrade)
+	opened []replay.Position
 
 	who    client // who opened it, for caps, throttles and logs
 	remote string // the client's address, for logs
@@ -463,10 +470,13 @@ func (s *stream) writeEvent(slot int, ev *replay.Event) error {
 	}
 	s.cursor[slot].Pos = ev.Pos
 	s.fresh.clear(slot)
+	if s.unknown != nil {
+		s.unknown.clear(slot)
+	}
 	if s.ids == nil {
 		s.ids = new(replay.CursorEncoder)
 	}
-	s.buf = wire.AppendID(s.buf[:0], s.ids.Encode(s.cursor))
+	s.buf = wire.AppendID(s.buf[:0], s.ids.Encode(s.idEntries()))
 	if err := s.out.Write(ev.Frame); err != nil {
 		return err
 	}

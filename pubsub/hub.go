@@ -191,6 +191,19 @@ func (h *Hub) deliver(channel string, ev *replay.Event) {
 	ms.mu.RUnlock()
 }
 
+// LastKnown returns the position of the last event of channel this process
+// delivered, if its broker follows the channel (Redis: the watch of a
+// channel some stream reads); false otherwise. It needs no call to the
+// backend: a stream that opens while Redis is down starts after it.
+func (h *Hub) LastKnown(channel string) (replay.Position, bool) {
+	if k, ok := h.broker.(interface {
+		lastKnown(channel string) (replay.Position, bool)
+	}); ok {
+		return k.lastKnown(channel)
+	}
+	return replay.Position{}, false
+}
+
 // Subscribers returns how many local subscriptions channel has.
 func (h *Hub) Subscribers(channel string) int {
 	h.mu.RLock()

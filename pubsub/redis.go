@@ -213,7 +213,12 @@ func (b *Redis) publishAndWaitOn(ctx context.Context, node *redis.Client, key st
 	}
 	acked, err := conn.Wait(ctx, b.opts.WaitReplicas, b.opts.WaitTimeout).Result()
 	if err != nil {
-		return nil, b.unavailable(err)
+		// the event is published (the function answered) and announced:
+		// failing now would have it published again (a retry, fallback
+		// local). Its replicas could not be counted: as too few acks
+		b.log.Warn("published event's replicas could not be counted",
+			zap.String("key", key), zap.Error(b.classify(err)))
+		return reply, nil
 	}
 	if int(acked) < b.opts.WaitReplicas {
 		b.log.Warn("published event not acknowledged by enough replicas",

@@ -141,6 +141,17 @@ func (wt *watch) delivered() (replay.Position, bool) {
 	return wt.last, wt.known && !wt.behind
 }
 
+// lastKnown is the last position the watch of channel delivered, also
+// while behind (Redis may be down: it is what this instance saw last).
+func (b *Redis) lastKnown(channel string) (replay.Position, bool) {
+	wt := b.watch.lookup(b.Key(channel))
+	if wt == nil || !wt.mu.TryRLock() {
+		return replay.Position{}, false
+	}
+	defer wt.mu.RUnlock()
+	return wt.last, wt.known && !wt.last.IsZero()
+}
+
 // lostSubscription marks the watch as behind until its next check: its
 // shard's connection ended, and what was published meanwhile arrives only
 // with the repair after the new subscription is confirmed. A stream that
