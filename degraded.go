@@ -32,34 +32,47 @@ import (
 // was down when it did (opened). Others start at the time the stream
 // opened (addSinceOpened).
 func (s *stream) degrade(idText string) {
-	s.idText = &idText
+	d := &degradation{idText: idText, unknown: newSlotBits(len(s.cursor))}
 	cursor, _ := replay.ParseCursor(idText)
-	s.unknown = newSlotBits(len(s.cursor))
 	for slot := range s.cursor {
 		if pos, named := replay.Lookup(cursor, s.cursor[slot].Hash); named {
 			s.cursor[slot].Pos = pos
 		} else if pos, seen := s.h.hub.LastKnown(s.keys[slot]); seen {
 			s.cursor[slot].Pos = pos
-			if s.opened == nil {
-				s.opened = make([]replay.Position, len(s.cursor))
+			if d.opened == nil {
+				d.opened = make([]replay.Position, len(s.cursor))
 			}
-			s.opened[slot] = pos
+			d.opened[slot] = pos
 		} else if !s.fresh.has(slot) { // its head was not read
-			s.unknown.set(slot)
+			d.unknown.set(slot)
 		}
 	}
+	s.deg = d
 	s.degraded.Store(true)
+}
+
+// degradation is what a stream that opened degraded keeps, apart from the
+// stream itself: few streams ever need it.
+type degradation struct {
+	idText string // the client's cursor, for the replay once Redis is back
+	// unknown marks the slots whose position the stream does not know:
+	// they are left out of its ids until it writes one of their events; nil
+	// once it recovered
+	unknown slotBits
+	// opened holds where this instance last saw each channel the cursor
+	// does not name (zero: not seen); nil if it saw none
+	opened []replay.Position
 }
 
 // idEntries are the cursor entries of the stream's ids: all but those of
 // channels whose position a degraded stream does not know.
 func (s *stream) idEntries() []replay.ChannelPosition {
-	if s.unknown == nil {
+	if s.deg == nil || s.deg.unknown == nil {
 		return s.cursor
 	}
 	known := make([]replay.ChannelPosition, 0, len(s.cursor))
 	for slot, e := range s.cursor {
-		if !s.unknown.has(slot) {
+		if !s.deg.unknown.has(slot) {
 			known = append(known, e)
 		}
 	}
@@ -85,14 +98,14 @@ func (s *stream) writeDegraded() error {
 // written now, as to every other stream.
 func (s *stream) recover(ctx context.Context) (bool, error) {
 	if s.h.hub.Available() {
-		sp, err := s.startingPoint(ctx, *s.idText)
+		sp, err := s.startingPoint(ctx, s.deg.idText)
 		if err == nil {
 			err = s.addSinceOpened(ctx, &sp)
 		}
 		if err == nil {
-			s.unknown = nil
+			s.deg.unknown = nil
 			s.degraded.Store(false)
-			s.h.metrics.replay(*s.idText != "", len(sp.truncated) > 0)
+			s.h.metrics.replay(s.deg.idText != "", len(sp.truncated) > 0)
 			return true, s.writeStart(sp)
 		}
 	}
@@ -131,13 +144,17 @@ const openedSlack = 5 * time.Second
 // newest and is told that channel was truncated, as any replay cut short.
 func (s *stream) addSinceOpened(ctx context.Context, sp *startingPoint) error {
 	since := time.Unix(0, s.began).Add(-openedSlack).UnixMilli()
+	var opened []replay.Position
+	if s.deg != nil {
+		opened = s.deg.opened
+	}
 	for slot := range s.keys {
 		if !s.fresh.has(slot) || sp.pages[slot].Head.IsZero() {
 			continue
 		}
 		after := replay.Position{} // the newest events, then kept by time
-		if s.opened != nil && s.opened[slot].Epoch == sp.pages[slot].Head.Epoch && !s.opened[slot].IsZero() {
-			after = s.opened[slot] // where this instance was when it opened
+		if opened != nil && opened[slot].Epoch == sp.pages[slot].Head.Epoch && !opened[slot].IsZero() {
+			after = opened[slot] // where this instance was when it opened
 		}
 		page, err := s.h.hub.Read(ctx, s.keys[slot], &after, s.h.ReplayLimit)
 		if err != nil {

@@ -89,16 +89,9 @@ type stream struct {
 	// lastWordsTimeout, from any goroutine: a stream told to close must not
 	// wait the whole slow-client timeout on a client that stopped reading
 	// (a stop waits for it). Set by whoever makes the stream's writer.
-	hurry  atomic.Pointer[func()]
-	tk     atomic.Pointer[tconn] // set once an event loop writes it (takeover)
-	idText *string               // the client's cursor, kept while degraded
-	// unknown marks, while degraded, the slots whose position the stream
-	// does not know (left out of its ids); nil otherwise
-	unknown slotBits
-	// opened holds, for a degraded stream, where this instance last saw
-	// each channel the client's cursor does not name (zero: not seen); nil
-	// otherwise (degrade)
-	opened []replay.Position
+	hurry atomic.Pointer[func()]
+	tk    atomic.Pointer[tconn] // set once an event loop writes it (takeover)
+	deg   *degradation          // what a stream that opened degraded keeps (degraded.go); nil otherwise
 
 	who    client // who opened it, for caps, throttles and logs
 	remote string // the client's address, for logs
@@ -470,8 +463,8 @@ func (s *stream) writeEvent(slot int, ev *replay.Event) error {
 	}
 	s.cursor[slot].Pos = ev.Pos
 	s.fresh.clear(slot)
-	if s.unknown != nil {
-		s.unknown.clear(slot)
+	if s.deg != nil && s.deg.unknown != nil {
+		s.deg.unknown.clear(slot)
 	}
 	if s.ids == nil {
 		s.ids = new(replay.CursorEncoder)
