@@ -29,6 +29,7 @@ type RedisLeases struct {
 
 	mu       sync.Mutex
 	held     map[*redisLease]struct{}
+	heldBy   map[string][]*redisLease // held, by key: Acquire puts them back if Redis lost them
 	released []*redisLease
 	removing []*redisLease // released ones that flushReleases is removing now
 	ttl      time.Duration // the shortest ttl asked for: a third of it is the renewal period
@@ -48,18 +49,27 @@ type redisLease struct {
 	once      sync.Once
 }
 
-// acquireLease takes a lease unless limit are held; ARGV[5..] are leases
-// of the key this instance released and has not removed yet. The key's
-// expiry is never brought closer (NX sets it on a new key, GT only lengthens
-// it): a principal's set holds the leases of every instance and route, whose
-// lease_ttl may be longer than this one's (a rolling change of the setting).
-// Redis 7.0 has both options.
+// acquireLease takes a lease (ARGV[4]) unless limit are held. ARGV[5] is
+// how many leases of the key this instance holds follow, as member and ttl
+// pairs: those Redis lost (a restart without persistence, a failover that
+// lost writes) are put back before counting, or this instance would let
+// the principal past its cap until its next renewal put them back beside
+// the new ones. The rest of ARGV are leases of the key this instance
+// released and has not removed yet. A call that finds its own lease in the
+// set ran before: go-redis sent it again after its reply was lost (a
+// dropped connection); it is granted again, not counted against itself.
+// The key's expiry is never brought closer (NX sets it on a new key, GT
+// only lengthens it): a principal's set holds the leases of every instance
+// and route, whose lease_ttl may be longer than this one's (a rolling
+// change of the setting). Redis 7.0 has both options.
 var acquireLease = redis.NewScript(`
 local now = tonumber(ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-for i = 5, #ARGV do redis.call('ZREM', KEYS[1], ARGV[i]) end
+local held = 5 + 2 * tonumber(ARGV[5])
+for i = 6, held, 2 do redis.call('ZADD', KEYS[1], 'NX', now + tonumber(ARGV[i + 1]), ARGV[i]) end
+for i = held + 1, #ARGV do redis.call('ZREM', KEYS[1], ARGV[i]) end
 local limit = tonumber(ARGV[2])
-if limit > 0 and redis.call('ZCARD', KEYS[1]) >= limit then return 0 end
+if limit > 0 and redis.call('ZCARD', KEYS[1]) >= limit and not redis.call('ZSCORE', KEYS[1], ARGV[4]) then return 0 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[4])
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) * 2, 'NX')
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) * 2, 'GT')
@@ -71,6 +81,7 @@ func NewRedisLeases(b *Redis) *RedisLeases {
 		b:        b,
 		instance: strconv.FormatUint(rand.Uint64(), 36),
 		held:     make(map[*redisLease]struct{}),
+		heldBy:   make(map[string][]*redisLease),
 		wake:     make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
@@ -95,8 +106,14 @@ func (r *RedisLeases) Acquire(ctx context.Context, principal string, limit int, 
 	if err != nil {
 		return nil, err
 	}
-	args := append([]any{time.Now().UnixMilli(), limit, ttl.Milliseconds(), l.member}, r.releasedOf(l.key)...)
+	held, released := r.leasesOf(l.key)
+	args := []any{time.Now().UnixMilli(), limit, ttl.Milliseconds(), l.member, len(held)}
+	for _, h := range held {
+		args = append(args, h.member, h.ttl.Milliseconds())
+	}
+	args = append(args, released...)
 	ok, err := acquireLease.Run(ctx, r.b.client, []string{l.key}, args...).Int()
+	r.releaseAgain(held)
 	if err != nil {
 		return nil, r.b.classify(err)
 	}
@@ -109,6 +126,7 @@ func (r *RedisLeases) Acquire(ctx context.Context, principal string, limit int, 
 		return nil, ErrClosed
 	}
 	r.held[l] = struct{}{}
+	r.heldBy[l.key] = append(r.heldBy[l.key], l)
 	if r.ttl == 0 || ttl < r.ttl {
 		r.ttl = ttl
 		r.poke() // its renewal may be due sooner than the loop waits
@@ -120,24 +138,43 @@ func (r *RedisLeases) Acquire(ctx context.Context, principal string, limit int, 
 	return l, nil
 }
 
-// releasedOf returns the members of key's leases released here and not yet
-// removed from Redis (maintain removes them soon, in the background): an
-// Acquire removes them first, so that a stream that reconnects at once (a
-// reload's server_closing with retry 0) is not refused by the lease of the
-// stream it replaces. They stay in released: a renewal under way may put
-// one back, and maintain removes it again then.
-func (r *RedisLeases) releasedOf(key string) []any {
+// leasesOf returns, at one moment, key's leases held here and the members
+// of those released here and not yet removed from Redis (maintain removes
+// them soon, in the background). An Acquire removes the released ones
+// first, so that a stream that reconnects at once (a reload's
+// server_closing with retry 0) is not refused by the lease of the stream
+// it replaces. They stay in released: a renewal under way may put one back,
+// and maintain removes it again then.
+func (r *RedisLeases) leasesOf(key string) (held []*redisLease, released []any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var members []any
+	held = slices.Clone(r.heldBy[key])
 	for _, ls := range [][]*redisLease{r.released, r.removing} {
 		for _, l := range ls {
 			if l.key == key {
-				members = append(members, l.member)
+				released = append(released, l.member)
 			}
 		}
 	}
-	return members
+	return held, released
+}
+
+// releaseAgain has maintain remove, once more, those of the leases an
+// Acquire put back that were released meanwhile: their removal may have
+// run before the Acquire did.
+func (r *RedisLeases) releaseAgain(putBack []*redisLease) {
+	r.mu.Lock()
+	again := false
+	for _, l := range putBack {
+		if _, still := r.held[l]; !still {
+			r.released = append(r.released, l)
+			again = true
+		}
+	}
+	r.mu.Unlock()
+	if again {
+		r.poke()
+	}
 }
 
 // Release gives the lease back (in the background).
@@ -146,10 +183,26 @@ func (l *redisLease) Release() {
 		r := l.of
 		r.mu.Lock()
 		delete(r.held, l)
+		r.forgetHeld(l)
 		r.released = append(r.released, l)
 		r.mu.Unlock()
 		r.poke()
 	})
+}
+
+// forgetHeld removes l from heldBy; r.mu is held.
+func (r *RedisLeases) forgetHeld(l *redisLease) {
+	ls := r.heldBy[l.key]
+	if i := slices.Index(ls, l); i >= 0 {
+		ls[i] = ls[len(ls)-1]
+		ls[len(ls)-1] = nil
+		ls = ls[:len(ls)-1]
+	}
+	if len(ls) == 0 {
+		delete(r.heldBy, l.key)
+	} else {
+		r.heldBy[l.key] = ls
+	}
 }
 
 // poke wakes maintain.
@@ -302,6 +355,7 @@ func (r *RedisLeases) Close() {
 		r.released = append(r.released, l)
 	}
 	r.held = map[*redisLease]struct{}{}
+	r.heldBy = map[string][]*redisLease{}
 	running := r.running
 	r.mu.Unlock()
 	close(r.stop)

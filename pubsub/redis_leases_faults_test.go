@@ -1,0 +1,123 @@
+package pubsub
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-sse/caddy-sse/internal/redistest"
+)
+
+// lostReplyConn lets its first call of the lease script reach Redis, then
+// loses the reply (the connection drops): Redis ran the script, the client
+// never learns it, and go-redis sends the call again on a new connection.
+type lostReplyConn struct {
+	net.Conn
+	armed *atomic.Bool // shared by every connection: one reply is lost in all
+	lose  bool         // this connection's next read loses its reply
+}
+
+func (c *lostReplyConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if bytes.Contains(p, []byte("lease:{")) && (bytes.Contains(p, []byte("EVALSHA")) || bytes.Contains(p, []byte("evalsha"))) &&
+		c.armed.CompareAndSwap(true, false) {
+		c.lose = true
+	}
+	return n, err
+}
+
+func (c *lostReplyConn) Read(p []byte) (int, error) {
+	if c.lose {
+		time.Sleep(100 * time.Millisecond) // Redis has run the script by now
+		_ = c.Conn.Close()
+		return 0, io.EOF
+	}
+	return c.Conn.Read(p)
+}
+
+type loseOneReply struct{ armed atomic.Bool }
+
+func (h *loseOneReply) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := next(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &lostReplyConn{Conn: conn, armed: &h.armed}, nil
+	}
+}
+
+func (h *loseOneReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (h *loseOneReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// An Acquire whose reply is lost after Redis ran it (a dropped connection)
+// is sent again by go-redis (max_retries). The call again must not count
+// the lease its first run took: a principal holding nothing would be
+// refused (and the orphan lease, never renewed nor released, would hold
+// its slot for lease_ttl).
+func TestRedisLeaseAcquireRetriedAfterALostReplyIsNotRefused(t *testing.T) {
+	srv := redistest.Start(t)
+	b := newTestRedis(t, srv)
+	hook := &loseOneReply{}
+	b.client.AddHook(hook)
+	r := NewRedisLeases(b)
+	defer r.Close()
+	ctx := context.Background()
+	// load the script and warm the pool first
+	if _, err := r.Acquire(ctx, "warm", 1, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	hook.armed.Store(true)
+	_, err := r.Acquire(ctx, "p", 1, 5*time.Second)
+	if hook.armed.Load() {
+		t.Fatal("the test lost no reply")
+	}
+	if err != nil {
+		t.Fatalf("the first lease of a principal holding none, for a cap of 1: %v (key holds %s members)",
+			err, srv.MustCLI("ZCARD", "sse:lease:{p}"))
+	}
+	counts, err := r.Counts(ctx, []string{"p"})
+	if err != nil || counts["p"] != 1 {
+		t.Fatalf("the principal holds %v leases (%v), want 1", counts["p"], err)
+	}
+}
+
+// A lease Redis lost (a restart without persistence, or a failover that lost
+// the write) while its stream is still open must still count: otherwise the
+// principal is let in beyond its cap until the next renewal (a third of
+// lease_ttl, 5 s by default), and the renewal then puts the lost lease back
+// beside the new one, for as long as both streams last.
+func TestRedisLeaseLostByARestartStillCounts(t *testing.T) {
+	srv := redistest.Start(t)
+	r := NewRedisLeases(newTestRedis(t, srv))
+	defer r.Close()
+	ctx := context.Background()
+	const ttl = 15 * time.Second // renewed every 5 s
+	if _, err := r.Acquire(ctx, "p", 1, ttl); err != nil {
+		t.Fatal(err)
+	}
+	srv.Kill()
+	srv.Restart() // persistence off: the lease is gone, its stream is not
+	var err error
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		_, err = r.Acquire(ctx, "p", 1, ttl)
+		if !errors.Is(err, ErrUnavailable) || time.Now().After(deadline) {
+			break
+		}
+	}
+	if !errors.Is(err, ErrLimitReached) {
+		time.Sleep(ttl/3 + time.Second) // the renewal puts the lost lease back
+		counts, _ := r.Counts(ctx, []string{"p"})
+		t.Fatalf("a second lease for a cap of 1 right after Redis lost the first: %v, want ErrLimitReached; after the next renewal the principal holds %d leases", err, counts["p"])
+	}
+}
