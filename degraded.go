@@ -32,7 +32,8 @@ import (
 // was down when it did (opened). Others start at the time the stream
 // opened (addSinceOpened).
 func (s *stream) degrade(idText string) {
-	d := &degradation{idText: idText, unknown: newSlotBits(len(s.cursor))}
+	d := s.rareState()
+	d.idText, d.unknown = idText, newSlotBits(len(s.cursor))
 	cursor, _ := replay.ParseCursor(idText)
 	for slot := range s.cursor {
 		if pos, named := replay.Lookup(cursor, s.cursor[slot].Hash); named {
@@ -47,32 +48,19 @@ func (s *stream) degrade(idText string) {
 			d.unknown.set(slot)
 		}
 	}
-	s.deg = d
 	s.degraded.Store(true)
-}
-
-// degradation is what a stream that opened degraded keeps, apart from the
-// stream itself: few streams ever need it.
-type degradation struct {
-	idText string // the client's cursor, for the replay once Redis is back
-	// unknown marks the slots whose position the stream does not know:
-	// they are left out of its ids until it writes one of their events; nil
-	// once it recovered
-	unknown slotBits
-	// opened holds where this instance last saw each channel the cursor
-	// does not name (zero: not seen); nil if it saw none
-	opened []replay.Position
 }
 
 // idEntries are the cursor entries of the stream's ids: all but those of
 // channels whose position a degraded stream does not know.
 func (s *stream) idEntries() []replay.ChannelPosition {
-	if s.deg == nil || s.deg.unknown == nil {
+	unknown := s.unknownSlots()
+	if unknown == nil {
 		return s.cursor
 	}
 	known := make([]replay.ChannelPosition, 0, len(s.cursor))
 	for slot, e := range s.cursor {
-		if !s.deg.unknown.has(slot) {
+		if !unknown.has(slot) {
 			known = append(known, e)
 		}
 	}
@@ -98,14 +86,15 @@ func (s *stream) writeDegraded() error {
 // written now, as to every other stream.
 func (s *stream) recover(ctx context.Context) (bool, error) {
 	if s.h.hub.Available() {
-		sp, err := s.startingPoint(ctx, s.deg.idText)
+		d := s.rare.Load() // made by degrade
+		sp, err := s.startingPoint(ctx, d.idText)
 		if err == nil {
 			err = s.addSinceOpened(ctx, &sp)
 		}
 		if err == nil {
-			s.deg.unknown = nil
+			d.unknown = nil
 			s.degraded.Store(false)
-			s.h.metrics.replay(s.deg.idText != "", len(sp.truncated) > 0)
+			s.h.metrics.replay(d.idText != "", len(sp.truncated) > 0)
 			return true, s.writeStart(sp)
 		}
 	}
@@ -145,8 +134,8 @@ const openedSlack = 5 * time.Second
 func (s *stream) addSinceOpened(ctx context.Context, sp *startingPoint) error {
 	since := time.Unix(0, s.began).Add(-openedSlack).UnixMilli()
 	var opened []replay.Position
-	if s.deg != nil {
-		opened = s.deg.opened
+	if r := s.rare.Load(); r != nil {
+		opened = r.opened
 	}
 	for slot := range s.keys {
 		if !s.fresh.has(slot) || sp.pages[slot].Head.IsZero() {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -210,6 +211,9 @@ type sseClient struct {
 	events   chan sseEvent
 	comments chan string
 	done     chan struct{}
+	// lastSeenID is the client's Last-Event-ID: the last id field read,
+	// also one of a block that dispatched no event (id-only)
+	lastSeenID atomic.Pointer[string]
 }
 
 // subscribe opens a stream of path with optional headers; it fails the test
@@ -296,6 +300,7 @@ func (c *sseClient) read() {
 			case "id":
 				if !strings.ContainsRune(value, 0) {
 					lastID = value
+					c.lastSeenID.Store(&value)
 				}
 			case "retry":
 				if n, err := strconv.Atoi(value); err == nil {

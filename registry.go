@@ -1,6 +1,7 @@
 package caddysse
 
 import (
+	"context"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -22,13 +23,20 @@ type registry struct {
 	streams map[*stream]int64 // Unix nanoseconds each was added
 	closed  string            // the reason, once closing has begun
 	closing chan struct{}     // closed when closing begins
-	ticking bool
-	done    chan struct{}
-	stopped bool
+	// reads is canceled once closing has begun (after every stream was
+	// told): history reads of its streams stop then (see stream.readHistory)
+	reads     context.Context
+	stopReads context.CancelFunc
+	ticking   bool
+	done      chan struct{}
+	stopped   bool
 }
 
 func newRegistry(logger *zap.Logger, heartbeat, jitter, slow time.Duration) *registry {
+	reads, stopReads := context.WithCancel(context.Background())
 	return &registry{
+		reads:     reads,
+		stopReads: stopReads,
 		logger:    logger,
 		heartbeat: heartbeat,
 		jitter:    jitter,
@@ -83,6 +91,7 @@ func (r *registry) closeAll(reason string) {
 	for s := range r.streams {
 		s.close(r.notice(reason))
 	}
+	r.stopReads()
 	if n := len(r.streams); n > 0 {
 		r.logger.Info("closing streams", zap.String("reason", reason), zap.Int("streams", n), zap.Duration("close_jitter", r.jitter))
 	}

@@ -90,8 +90,8 @@ type stream struct {
 	// wait the whole slow-client timeout on a client that stopped reading
 	// (a stop waits for it). Set by whoever makes the stream's writer.
 	hurry atomic.Pointer[func()]
-	tk    atomic.Pointer[tconn] // set once an event loop writes it (takeover)
-	deg   *degradation          // what a stream that opened degraded keeps (degraded.go); nil otherwise
+	tk    atomic.Pointer[tconn]     // set once an event loop writes it (takeover)
+	rare  atomic.Pointer[rareState] // what few streams need (rareState); nil until one does
 
 	who    client // who opened it, for caps, throttles and logs
 	remote string // the client's address, for logs
@@ -133,6 +133,7 @@ func (s *stream) Deliver(slot int, ev *replay.Event) {
 	switch {
 	case s.overflow:
 		s.dropped++
+		s.noteLost(slot, ev)
 	case len(s.pending) >= s.h.Queue || (len(s.pending) > 0 && s.queuedLen+size > s.h.QueueBytes):
 		// an empty queue takes any event: a frame of many short lines can
 		// be larger than queue_bytes, and would otherwise overflow every
@@ -140,6 +141,7 @@ func (s *stream) Deliver(slot int, ev *replay.Event) {
 		s.overflow = true
 		s.dropped++
 		s.overflowSince.Store(time.Now().UnixNano())
+		s.noteLost(slot, ev)
 	default:
 		s.pending = append(s.pending, queued{ev: ev, slot: slot})
 		s.queuedLen += size
@@ -201,14 +203,105 @@ func (s *stream) hasQueued() bool {
 	return len(s.pending) > 0
 }
 
+// rareState is what few streams need, kept apart so that every other
+// stream is smaller (an idle stream is one allocation of 384 bytes): a
+// stream that opened degraded (degrade), and the fallback-local events a
+// full queue did not take (noteLost). Made once, by whichever needs it
+// first; lostLocal is guarded by the stream's mu, the rest belongs to the
+// stream's writer.
+type rareState struct {
+	idText string // the client's cursor, for the replay once Redis is back
+	// unknown marks the slots whose position a degraded stream does not
+	// know: they are left out of its ids until it writes one of their
+	// events; nil once it recovered
+	unknown slotBits
+	// opened holds where this instance last saw each channel the cursor
+	// does not name (zero: not seen); nil if it saw none
+	opened []replay.Position
+	// lostLocal holds, per slot, the position of a fallback-local event
+	// the full queue did not take (nil if none): no history has it, so
+	// the stream cannot catch up on it (see endAtLostLocal)
+	lostLocal []replay.Position
+}
+
+// rareState returns the stream's rareState, making it if it has none.
+func (s *stream) rareState() *rareState {
+	if r := s.rare.Load(); r != nil {
+		return r
+	}
+	s.rare.CompareAndSwap(nil, new(rareState))
+	return s.rare.Load()
+}
+
+// unknownSlots returns the slots whose position a degraded stream does
+// not know yet (nil: none).
+func (s *stream) unknownSlots() slotBits {
+	if r := s.rare.Load(); r != nil {
+		return r.unknown
+	}
+	return nil
+}
+
+// noteLost remembers a fallback-local event that the full queue did not
+// take (called with s.mu held).
+func (s *stream) noteLost(slot int, ev *replay.Event) {
+	if !ev.Local {
+		return
+	}
+	r := s.rareState()
+	if r.lostLocal == nil {
+		r.lostLocal = make([]replay.Position, len(s.keys))
+	}
+	r.lostLocal[slot] = ev.Pos
+}
+
 // resumeLive makes the stream take live events again after an overflow.
 // Called before reading the history, so that events published meanwhile are
 // either in what is read or in the queue (or both: duplicates are skipped).
-func (s *stream) resumeLive() {
+// It does not if fallback-local events were not queued meanwhile (no
+// history has them): it returns their positions instead, in the same
+// critical section, so that none is dropped after the look.
+func (s *stream) resumeLive() []replay.Position {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r := s.rare.Load(); r != nil && r.lostLocal != nil {
+		return r.lostLocal
+	}
 	s.overflow = false
 	s.overflowSince.Store(0)
-	s.mu.Unlock()
+	return nil
+}
+
+// endAtLostLocal ends a stream whose queue did not take fallback-local
+// events (lost, per slot): it cannot catch up on them, so it
+// writes an id-only block that puts each such channel at one of them (it
+// moves the client's Last-Event-ID without dispatching anything) and ends,
+// so that the reconnect is told those channels were truncated instead of
+// missing the events silently.
+func (s *stream) endAtLostLocal(lost []replay.Position) error {
+	for slot, pos := range lost {
+		if !pos.IsZero() {
+			s.cursor[slot].Pos = pos
+			s.fresh.clear(slot)
+			if unknown := s.unknownSlots(); unknown != nil {
+				unknown.clear(slot)
+			}
+		}
+	}
+	if s.ids == nil {
+		s.ids = new(replay.CursorEncoder)
+	}
+	s.buf = wire.AppendID(s.buf[:0], s.ids.Encode(s.idEntries()))
+	if err := s.out.Write(s.buf); err != nil {
+		return err
+	}
+	if s.closing.Load() != nil {
+		return errClosing // its server_closing follows, and flushes
+	}
+	if err := s.flush(); err != nil {
+		return err
+	}
+	return errHistoryGap
 }
 
 // takeDropped returns how many live events were not queued since the last
@@ -301,7 +394,9 @@ func (s *stream) drainBatch(ctx context.Context, batch []queued, overflowed bool
 		batch[i] = queued{} // let the GC have events we no longer hold
 	}
 	if overflowed {
-		s.resumeLive()
+		if lost := s.resumeLive(); lost != nil {
+			return nil, s.endAtLostLocal(lost)
+		}
 		s.h.metrics.catchUp()
 		for slot := range s.keys {
 			n, err := s.repair(ctx, slot)
@@ -432,7 +527,7 @@ func (s *stream) writeFresh(q queued, at replay.Position) (wrote bool, err error
 // position. If the history no longer follows on from it, the stream ends.
 func (s *stream) repair(ctx context.Context, slot int) (bool, error) {
 	at := s.cursor[slot].Pos
-	page, err := s.h.hub.Read(ctx, s.keys[slot], &at, s.h.HistorySize)
+	page, err := s.readHistory(ctx, slot, at)
 	if err != nil {
 		return false, err
 	}
@@ -445,6 +540,37 @@ func (s *stream) repair(ctx context.Context, slot int) (bool, error) {
 		}
 	}
 	return len(page.Events) > 0, nil
+}
+
+// readHistory reads the events of a channel's history after at, for a
+// catch-up. It gives up with errClosing once the stream's handler closes its
+// streams (a reload, a stop), which tells them first: a read from a Redis
+// that hangs would otherwise keep a stream told to close from saying so
+// and ending until go-redis gives up on it (20 s by default; it does not
+// interrupt a read when its context is canceled), and a stop waits for it.
+// The read runs on a goroutine of its own for that, which ends with it.
+func (s *stream) readHistory(ctx context.Context, slot int, at replay.Position) (replay.Page, error) {
+	r := s.h.streams
+	if r == nil {
+		return s.h.hub.Read(ctx, s.keys[slot], &at, s.h.HistorySize)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // an abandoned read makes no more attempts
+	type read struct {
+		page replay.Page
+		err  error
+	}
+	done := make(chan read, 1)
+	go func() {
+		page, err := s.h.hub.Read(ctx, s.keys[slot], &at, s.h.HistorySize)
+		done <- read{page, err}
+	}()
+	select {
+	case got := <-done:
+		return got.page, got.err
+	case <-r.reads.Done():
+		return replay.Page{}, errClosing
+	}
 }
 
 // writeLiveEvent writes a queued event and records how long it took from
@@ -463,8 +589,8 @@ func (s *stream) writeEvent(slot int, ev *replay.Event) error {
 	}
 	s.cursor[slot].Pos = ev.Pos
 	s.fresh.clear(slot)
-	if s.deg != nil && s.deg.unknown != nil {
-		s.deg.unknown.clear(slot)
+	if unknown := s.unknownSlots(); unknown != nil {
+		unknown.clear(slot)
 	}
 	if s.ids == nil {
 		s.ids = new(replay.CursorEncoder)

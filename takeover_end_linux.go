@@ -38,11 +38,13 @@ func (l *pollLoop) end(s *stream, err error) {
 var errStopping = errors.New("the server is stopping")
 
 // endAll ends every stream when the loop stops; one told to close says its
-// server_closing first, as it would have on the loop. A cleartext stream lent to
-// a goroutine is only shut down: the goroutine may be in the middle of a
+// server_closing first, as it would have on the loop. A stream lent to a
+// goroutine is only shut down: the goroutine may be in the middle of a
 // write(2) on its descriptor, and a descriptor closed under it could be
-// given to a new connection that would then receive this stream's bytes.
-// Its write fails at once instead, and the goroutine ends it (giveBack).
+// given to a new connection that would then receive this stream's bytes;
+// and a TLS stream told to close would be lent again (closeTLS), a second
+// goroutine writing through the first one's writer and connection. Its
+// write fails at once instead, and the goroutine ends it (giveBack).
 func (l *pollLoop) endAll() {
 	l.mu.Lock()
 	l.stopped = true
@@ -52,7 +54,7 @@ func (l *pollLoop) endAll() {
 	l.returned = nil
 	streams := make([]*stream, 0, len(l.byToken))
 	for _, s := range l.byToken {
-		if tk := s.tk.Load(); tk.busy.Load() && tk.tls == nil {
+		if tk := s.tk.Load(); tk.busy.Load() {
 			_ = unix.Shutdown(tk.sock(), unix.SHUT_RDWR)
 			continue
 		}

@@ -1,0 +1,130 @@
+package caddysse
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddy-sse/caddy-sse/internal/redistest"
+)
+
+// A stream that opened while Redis was up (not degraded) and whose queue
+// overflowed while Redis went down: the fallback-local events its queue
+// did not take are in no history. Its catch-up read Redis once it was back
+// and went on as if nothing had happened: the local events were a silent
+// hole (SPEC S7), although every other stream of the instance got them. It
+// must end so that its reconnect is told it was truncated.
+func TestOverflowDoesNotSilentlyDropLocalEvents(t *testing.T) {
+	rds := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
+	srv := startCaddy(t, redisBlockSite("url "+rds.URL()+"\n\t\t\tdial_timeout 300ms\n\t\t\tread_timeout 1s\n\t\t\tmax_retries -1\n\t\t\tcheck_interval 300ms",
+		"fallback local", "queue 4", "max_event_size 16KiB", "history 100000", "history_bytes 512MiB",
+		"slow_client_timeout 60s", "throttle off", "heartbeat 200ms"))
+	c, tap := openValved(t, srv.base+"/events?channels=a", smallReceiveBuffer())
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
+	srv.publish("/events", map[string]any{"channel": "a", "data": "warm"})
+	if ev := c.next(); ev.Data != "warm" {
+		t.Fatalf("got %+v", ev)
+	}
+	tap.stall()
+	n := srv.publishConcurrently(strings.Repeat("x", 16000), 600, 4) // ~9.6 MB through Redis: the queue overflows
+	time.Sleep(300 * time.Millisecond)
+
+	rds.Kill()
+	for i := 1; i <= 3; i++ { // delivered to this instance alone; the stalled stream's queue drops them
+		srv.publish("/events", map[string]any{"channel": "a", "data": "local " + itoa(i)})
+	}
+	rds.Restart() // with its append-only file: the history of a is back
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
+	tap.resume()
+	// straight into Redis, with the site's history limits (the function's
+	// defaults would trim the history to 4 MiB)
+	rds.MustCLI("FCALL", "sse_publish_v1", "1", "sse:{a}", "", "sentinel", "100000", "86400000", "536870912")
+	locals, events := 0, 0
+	for {
+		var ev sseEvent
+		var ok bool
+		select {
+		case ev, ok = <-c.events:
+		case <-time.After(waitFor):
+			t.Fatalf("no event within the deadline (%d read, %d published)", events, n)
+		}
+		if !ok {
+			t.Logf("the stream ended after %d events", events)
+			r := srv.subscribe("/events?channels=a", header("Last-Event-ID", *c.lastSeenID.Load()))
+			assertTruncatedEvent(t, r.next(), "a")
+			return
+		}
+		events++
+		if strings.HasPrefix(ev.Data, "local ") {
+			locals++
+		}
+		if ev.Data == "sentinel" {
+			if locals != 3 {
+				t.Fatalf("the stream went on to the next event through Redis having written %d of the 3 local events its queue dropped, without ending or any notice (%d events read)", locals, events)
+			}
+			return
+		}
+	}
+}
+
+// A reload while a stream catches up on its overflowed queue from a Redis
+// that hangs (SIGSTOP): the stream is told to close, but its history read
+// is not interrupted, so it neither says server_closing nor ends until
+// go-redis gives up on the read (read_timeout 5 s and 3 retries by
+// default: about 20 s). SPEC S8: streams are told and end when stopping
+// begins; a stop's graceful shutdown waits for such a handler (net/http),
+// and a reload's Cleanup waits its 3 s for a taken-over one in vain.
+func TestReloadDuringACatchUpFromAHungRedisEndsTheStreamPromptly(t *testing.T) {
+	rds := redistest.Start(t)
+	site := redisBlockSite("url "+rds.URL(),
+		"queue 4", "max_event_size 16KiB", "history 100000", "history_bytes 512MiB",
+		"slow_client_timeout 60s", "throttle off", "heartbeat off", "close_jitter 100ms")
+	srv := startCaddy(t, site)
+	c, tap := openValved(t, srv.base+"/events?channels=a", smallReceiveBuffer())
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
+	srv.publish("/events", map[string]any{"channel": "a", "data": "warm"})
+	if ev := c.next(); ev.Data != "warm" {
+		t.Fatalf("got %+v", ev)
+	}
+	tap.stall()
+	srv.publishConcurrently(strings.Repeat("x", 16000), 600, 4) // the queue overflows
+	time.Sleep(300 * time.Millisecond)
+	rds.Pause()
+	t.Cleanup(rds.Resume)
+	tap.resume() // the stream writes what it holds, then reads the history: it hangs there
+	read := 0
+	for quiet := false; !quiet; {
+		select {
+		case _, ok := <-c.events:
+			if !ok {
+				t.Fatal("the stream ended before the reload")
+			}
+			read++
+		case <-time.After(time.Second):
+			quiet = true
+		}
+	}
+	t.Logf("%d events written before the catch-up's read", read)
+
+	began := time.Now()
+	reloaded := make(chan time.Duration, 1)
+	go func() {
+		srv.reload(site)
+		reloaded <- time.Since(began)
+	}()
+	closing := false
+	for ended := false; !ended; {
+		select {
+		case ev, ok := <-c.events:
+			ended = !ok
+			closing = closing || ev.Type == "server_closing"
+		case <-time.After(30 * time.Second):
+			t.Fatal("the stream did not end within 30 s of the reload")
+		}
+	}
+	took := time.Since(began)
+	t.Logf("the stream ended %v after the reload began (server_closing: %v); the reload took %v", took.Round(10*time.Millisecond), closing, (<-reloaded).Round(10*time.Millisecond))
+	if took > 3*time.Second || !closing {
+		t.Fatalf("a stream told to close while it read the history from a hung Redis ended %v later, server_closing %v (close_jitter 100ms, last words %v)", took.Round(10*time.Millisecond), closing, lastWordsTimeout)
+	}
+}
