@@ -551,7 +551,8 @@ func (s *stream) repair(ctx context.Context, slot int) (bool, error) {
 // The read runs on a goroutine of its own for that, which ends with it.
 func (s *stream) readHistory(ctx context.Context, slot int, at replay.Position) (replay.Page, error) {
 	r := s.h.streams
-	if r == nil {
+	if _, embedded := s.h.hub.Broker().(*pubsub.Memory); r == nil || embedded {
+		// the embedded hub's read never waits: no goroutine for it
 		return s.h.hub.Read(ctx, s.keys[slot], &at, s.h.HistorySize)
 	}
 	ctx, cancel := context.WithCancel(ctx)
