@@ -361,3 +361,53 @@ func TestReplayIsCappedAtTheDefaultLimit(t *testing.T) {
 		t.Fatalf("after the replay: %+v, want live", ev)
 	}
 }
+
+// A replay truncated with nothing to replay (the client's cursor is of a
+// history that is gone, or does not parse) moves the client's
+// Last-Event-ID to where the stream starts: otherwise the client keeps its
+// unusable cursor until the next event, and every reconnect until then (a
+// reload, a network blip) is told truncated again though it missed nothing.
+func TestTruncatedWithNothingToReplayMovesTheClientsID(t *testing.T) {
+	srv := startCaddy(t, replaySite)
+	ids := srv.publishN("a", "a", 1, 2)
+	posA := seqOf(t, ids[1])
+	stale := replay.EncodeCursor(replay.ChannelPosition{Hash: replay.HashChannel("b"),
+		Pos: replay.Position{Epoch: posA.Epoch ^ 0x5a5a, Seq: 7, Time: posA.Time}})
+	for _, tc := range []struct {
+		name, path, cursor string
+		onA                bool
+	}{
+		{"stale cursor", "/events?channels=b", stale, false},
+		{"garbage cursor", "/events?channels=a", "not-a-cursor", true},
+		{"garbage cursor, two channels", "/events?channels=a,b", "not-a-cursor", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := srv.subscribe(tc.path, header("Last-Event-ID", tc.cursor))
+			if c.resp.Header.Get("X-Replay-Truncated") != "true" {
+				t.Fatal("missing X-Replay-Truncated: true")
+			}
+			c.next() // sse_truncated
+			// the id comes with the notice, in the same flush
+			deadline := time.Now().Add(2 * time.Second)
+			for c.lastSeenID.Load() == nil && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			last := c.lastSeenID.Load()
+			if last == nil {
+				t.Fatal("the stream did not move the client's Last-Event-ID: its reconnect sends the unusable cursor again")
+			}
+			c.close()
+			// nothing was published since: the client has missed nothing
+			r := srv.subscribe(tc.path, header("Last-Event-ID", *last))
+			if tr := r.resp.Header.Get("X-Replay-Truncated"); tr != "" {
+				t.Fatalf("reconnect with the stream's id told truncated again (X-Replay-Truncated: %s)", tr)
+			}
+			srv.publish("/events", map[string]any{"channel": "a", "data": "live-" + tc.name})
+			if tc.onA {
+				if ev := r.next(); ev.Data != "live-"+tc.name {
+					t.Fatalf("got %+v, want the live event", ev)
+				}
+			}
+		})
+	}
+}

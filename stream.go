@@ -288,11 +288,7 @@ func (s *stream) endAtLostLocal(lost []replay.Position) error {
 			}
 		}
 	}
-	if s.ids == nil {
-		s.ids = new(replay.CursorEncoder)
-	}
-	s.buf = wire.AppendID(s.buf[:0], s.ids.Encode(s.idEntries()))
-	if err := s.out.Write(s.buf); err != nil {
+	if err := s.writeID(); err != nil {
 		return err
 	}
 	if s.closing.Load() != nil {
@@ -302,6 +298,16 @@ func (s *stream) endAtLostLocal(lost []replay.Position) error {
 		return err
 	}
 	return errHistoryGap
+}
+
+// writeID writes an id-only block of the stream's cursor: it moves the
+// client's Last-Event-ID without dispatching anything.
+func (s *stream) writeID() error {
+	if s.ids == nil {
+		s.ids = new(replay.CursorEncoder)
+	}
+	s.buf = wire.AppendID(s.buf[:0], s.ids.Encode(s.idEntries()))
+	return s.out.Write(s.buf)
 }
 
 // takeDropped returns how many live events were not queued since the last

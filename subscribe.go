@@ -304,18 +304,28 @@ func (s *stream) writeStart(sp startingPoint) error {
 			return err
 		}
 	}
-	if err := s.writeReplay(sp.pages); err != nil {
+	replayed, err := s.writeReplay(sp.pages)
+	if err != nil {
 		if errors.Is(err, errClosing) {
 			return nil // run tells the client at once
 		}
 		return err
+	}
+	if len(sp.truncated) > 0 && replayed == 0 {
+		// nothing replayed moves the client's Last-Event-ID off the cursor
+		// that was truncated (or did not parse): until the next event, each
+		// reconnect would be told truncated again though it missed nothing
+		if err := s.writeID(); err != nil {
+			return err
+		}
 	}
 	return s.flush()
 }
 
 // writeReplay writes the pages merged by publish time across channels (best
 // effort: there is no global order); within a channel the order is strict.
-func (s *stream) writeReplay(pages []replay.Page) error {
+// It returns how many events it wrote.
+func (s *stream) writeReplay(pages []replay.Page) (int, error) {
 	var all []queued
 	for slot, page := range pages {
 		for _, ev := range page.Events {
@@ -328,9 +338,9 @@ func (s *stream) writeReplay(pages []replay.Page) error {
 	for i, q := range all {
 		if err := s.writeEvent(q.slot, q.ev); err != nil {
 			s.h.metrics.replayed(i)
-			return err
+			return i, err
 		}
 	}
 	s.h.metrics.replayed(len(all))
-	return nil
+	return len(all), nil
 }
