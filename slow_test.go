@@ -1,6 +1,7 @@
 package caddysse
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -505,5 +506,74 @@ func TestAReloadDoesNotThrottleAClientBehindForAMoment(t *testing.T) {
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("reconnect after the reload: %d (Retry-After %q); want 200", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+}
+
+// A client that reads slowly but steadily — no write blocks for the
+// slow-client timeout, so it is not slow (SPEC S7) — and then leaves in
+// the middle of a long batch of events is not throttled: its write failed
+// because it left, not because of the timeout. (The batch having lasted
+// about the timeout is a sign of the deadline only on HTTP/2, which resets
+// the stream instead of reporting it; HTTP/1.1 reports the deadline.)
+func TestClientLeavingDuringALongBatchIsNotThrottled(t *testing.T) {
+	srv := startCaddy(t, `
+:{PORT} {
+	sse /events {
+		channel {query.channels}
+		slow_client_timeout 2s
+		throttle 60s
+		queue 1000
+		queue_bytes 64MiB
+		history_bytes 64MiB
+		publish {
+			secret `+testSecret+`
+		}
+	}
+}
+`)
+	conn, err := net.Dial("tcp", "127.0.0.1:"+itoa(srv.port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "GET /events?channels=big HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(conn)
+	readRawUntil(t, r, ": ok")
+	data := strings.Repeat("x", 32<<10)
+	go func() {
+		for range 400 {
+			if status, _ := srv.post("/events", "application/json", mustJSON(t, map[string]any{"channel": "big", "data": data}), nil); status != http.StatusOK {
+				return
+			}
+		}
+	}()
+	// read 32 KiB every 20 ms (1.6 MB/s: about 8 s for the events; the
+	// kernel wakes a blocked writer once a third of its send buffer, a few
+	// MB on loopback, is free: no write waits near 2 s), and leave after
+	// 4 s, in a batch that has been writing for longer than 2 s
+	buf := make([]byte, 32<<10)
+	n := 0
+	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); {
+		got, err := io.ReadFull(r, buf)
+		if err != nil {
+			t.Fatalf("reading the stream: %v", err)
+		}
+		n += got
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("read %d bytes", n)
+	_ = conn.(*net.TCPConn).SetLinger(0)
+	conn.Close()
+	time.Sleep(500 * time.Millisecond) // the stream ends, and would throttle
+	resp, err := http.Get(srv.base + "/events?channels=other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(resp.Body)
+		t.Fatalf("the client was throttled for leaving during a long batch: %d %s", resp.StatusCode, body)
 	}
 }

@@ -49,6 +49,9 @@ type httpStreamWriter struct {
 	// deadline itself.
 	idle   *caddyhttp.IdleTimeoutWriter
 	manual bool
+	// resets is set on HTTP/2 and HTTP/3, where a write deadline that
+	// passes resets the stream instead of being reported (classify)
+	resets bool
 	// began is when the writes since the last flush began: the clock is
 	// read once per batch, not per write.
 	began time.Time
@@ -66,7 +69,7 @@ type httpStreamWriter struct {
 // only and replaced by a per-write limit of timeout. Read deadlines are left
 // alone: moving them cancels the request's context.
 func newHTTPStreamWriter(w http.ResponseWriter, r *http.Request, timeout time.Duration) *httpStreamWriter {
-	sw := &httpStreamWriter{w: w, rc: http.NewResponseController(w), timeout: timeout}
+	sw := &httpStreamWriter{w: w, rc: http.NewResponseController(w), timeout: timeout, resets: r.ProtoMajor >= 2}
 	if _, idle := caddyhttp.IdleTimeoutsFromContext(r.Context()); idle != nil {
 		idle.Deadline.HardDeadline = time.Time{}
 		idle.Override(timeout, 0, 0)
@@ -172,13 +175,15 @@ func (sw *httpStreamWriter) WriteLast(p []byte) error {
 
 // classify marks an error as a slow write when the write deadline ended it:
 // HTTP/1 reports the deadline, but HTTP/2 resets the stream when it passes,
-// so a write that failed once its batch had been writing for (nearly) the
-// whole timeout counts too.
+// so there a write that failed once its batch had been writing for (nearly)
+// the whole timeout counts too. Not on HTTP/1: a client that reads slowly
+// but steadily through a long batch, then leaves, was not slow (no write
+// waited the timeout) and must not be throttled.
 func (sw *httpStreamWriter) classify(err error) error {
 	if err == nil {
 		return nil
 	}
-	if errors.Is(err, os.ErrDeadlineExceeded) || time.Since(sw.began) >= sw.timeout-sw.timeout/10 {
+	if errors.Is(err, os.ErrDeadlineExceeded) || (sw.resets && time.Since(sw.began) >= sw.timeout-sw.timeout/10) {
 		return fmt.Errorf("%w: %w", errSlowWrite, err)
 	}
 	return err
