@@ -37,6 +37,7 @@ func (tk *tconn) send(p []byte) error {
 		n, err := unix.Write(tk.sock(), p)
 		if n > 0 {
 			p = p[n:]
+			tk.blocked.Store(0) // it takes bytes: a slow reader is not stalled
 		}
 		switch {
 		case err == nil, errors.Is(err, unix.EINTR):
@@ -120,6 +121,9 @@ func (l *pollLoop) sent(i, n int, err error) {
 	case err == nil && n == len(p):
 		tk.blocked.Store(0)
 	case err == nil, errors.Is(err, unix.EAGAIN), errors.Is(err, unix.EINTR):
+		if n > 0 {
+			tk.blocked.Store(0) // it took bytes: blocked from now on
+		}
 		tk.keep(p[n:])
 	default:
 		l.end(s, err)
