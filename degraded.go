@@ -145,7 +145,7 @@ func (s *stream) addSinceOpened(ctx context.Context, sp *startingPoint) error {
 		if opened != nil && opened[slot].Epoch == sp.pages[slot].Head.Epoch && !opened[slot].IsZero() {
 			after = opened[slot] // where this instance was when it opened
 		}
-		page, err := s.h.hub.Read(ctx, s.keys[slot], &after, s.h.ReplayLimit)
+		page, err := s.readHistory(ctx, slot, &after, s.h.ReplayLimit)
 		if err != nil {
 			return err
 		}

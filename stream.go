@@ -533,7 +533,7 @@ func (s *stream) writeFresh(q queued, at replay.Position) (wrote bool, err error
 // position. If the history no longer follows on from it, the stream ends.
 func (s *stream) repair(ctx context.Context, slot int) (bool, error) {
 	at := s.cursor[slot].Pos
-	page, err := s.readHistory(ctx, slot, at)
+	page, err := s.readHistory(ctx, slot, &at, s.h.HistorySize)
 	if err != nil {
 		return false, err
 	}
@@ -548,18 +548,21 @@ func (s *stream) repair(ctx context.Context, slot int) (bool, error) {
 	return len(page.Events) > 0, nil
 }
 
-// readHistory reads the events of a channel's history after at, for a
-// catch-up. It gives up with errClosing once the stream's handler closes its
-// streams (a reload, a stop), which tells them first: a read from a Redis
-// that hangs would otherwise keep a stream told to close from saying so
-// and ending until go-redis gives up on it (20 s by default; it does not
-// interrupt a read when its context is canceled), and a stop waits for it.
-// The read runs on a goroutine of its own for that, which ends with it.
-func (s *stream) readHistory(ctx context.Context, slot int, at replay.Position) (replay.Page, error) {
+// readHistory reads the events of a channel's history after from (the
+// newest if from is nil), at most limit. Once the stream is open it gives up
+// with errClosing when the stream's handler closes its streams (a reload, a
+// stop), which tells them first: a read from a Redis that hangs (a
+// catch-up, a degraded stream's recovery) would otherwise keep a stream
+// told to close from saying so and ending until go-redis gives up on it
+// (20 s by default; it does not interrupt a read when its context is
+// canceled), and a stop waits for it. The read runs on a goroutine of its
+// own for that, which ends with it. A stream that is still opening is not
+// registered, so it is not told: its read stays on its goroutine.
+func (s *stream) readHistory(ctx context.Context, slot int, from *replay.Position, limit int) (replay.Page, error) {
 	r := s.h.streams
-	if _, embedded := s.h.hub.Broker().(*pubsub.Memory); r == nil || embedded {
+	if _, embedded := s.h.hub.Broker().(*pubsub.Memory); r == nil || embedded || !s.begun {
 		// the embedded hub's read never waits: no goroutine for it
-		return s.h.hub.Read(ctx, s.keys[slot], &at, s.h.HistorySize)
+		return s.h.hub.Read(ctx, s.keys[slot], from, limit)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // an abandoned read makes no more attempts
@@ -569,7 +572,7 @@ func (s *stream) readHistory(ctx context.Context, slot int, at replay.Position) 
 	}
 	done := make(chan read, 1)
 	go func() {
-		page, err := s.h.hub.Read(ctx, s.keys[slot], &at, s.h.HistorySize)
+		page, err := s.h.hub.Read(ctx, s.keys[slot], from, limit)
 		done <- read{page, err}
 	}()
 	select {

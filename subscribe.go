@@ -224,13 +224,13 @@ func (s *stream) startingPoint(ctx context.Context, idText string) (startingPoin
 		garbage = !ok
 	}
 	sp := startingPoint{pages: make([]replay.Page, len(s.keys))}
-	for slot, key := range s.keys {
+	for slot := range s.keys {
 		after, named := replay.Lookup(cursor, s.cursor[slot].Hash)
 		var from *replay.Position
 		if named {
 			from = &after
 		}
-		page, err := s.h.hub.Read(ctx, key, from, s.h.ReplayLimit)
+		page, err := s.readHistory(ctx, slot, from, s.h.ReplayLimit)
 		if err != nil {
 			return sp, err
 		}

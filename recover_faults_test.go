@@ -1,0 +1,159 @@
+package caddysse
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddy-sse/caddy-sse/internal/redistest"
+)
+
+// A reload while a degraded stream recovers from a Redis that hangs on its
+// read: Redis answered again (the stream may recover), then stopped
+// answering the recovery's history read. The stream is told to close, but
+// its read was not interrupted, so it neither said server_closing nor ended
+// until go-redis gave up on the read (read_timeout 5 s and 3 retries by
+// default: about 20 s), and a stop waited for it (SPEC S8).
+func TestReloadDuringADegradedRecoveryFromAHungRedisEndsTheStreamPromptly(t *testing.T) {
+	rds := redistest.Start(t)
+	proxy := startStallingProxy(t, rds.Addr(), "sse_read_v2", "$3\r\n777\r\n") // the stream's reads alone
+	site := redisBlockSite("url redis://"+proxy.addr()+"\n\t\t\tcheck_interval 300ms",
+		"replay_limit 777", "heartbeat off", "close_jitter 100ms")
+	srv := startCaddy(t, site)
+
+	rds.Kill()
+	srv.post("/events", "application/json", []byte(`{"channel":"a","data":"x"}`), nil) // this instance learns Redis is down
+	c := srv.subscribe("/events?channels=a", nil)
+	if ev := c.next(); ev.Type != "sse_degraded" {
+		t.Fatalf("got %+v, want sse_degraded", ev)
+	}
+	proxy.arm()
+	rds.Restart()
+	rds.WaitShardSubscribers(t, "sse:{a}", 1) // Redis answers this instance again
+	rds.MustCLI("FCALL", "sse_publish_v1", "1", "sse:{a}", "", "wake")
+	select {
+	case <-proxy.stalled:
+	case <-time.After(waitFor):
+		t.Fatal("the degraded stream never read its history to recover")
+	}
+
+	began := time.Now()
+	reloaded := make(chan time.Duration, 1)
+	go func() {
+		srv.reload(site)
+		reloaded <- time.Since(began)
+	}()
+	closing := false
+	for ended := false; !ended; {
+		select {
+		case ev, ok := <-c.events:
+			ended = !ok
+			closing = closing || ev.Type == "server_closing"
+		case <-time.After(30 * time.Second):
+			t.Fatal("the stream did not end within 30 s of the reload")
+		}
+	}
+	took := time.Since(began)
+	t.Logf("the stream ended %v after the reload began (server_closing: %v); the reload took %v", took.Round(10*time.Millisecond), closing, (<-reloaded).Round(10*time.Millisecond))
+	if took > 3*time.Second || !closing {
+		t.Fatalf("a degraded stream told to close while it read the history from a hung Redis ended %v later, server_closing %v (close_jitter 100ms)", took.Round(10*time.Millisecond), closing)
+	}
+}
+
+// stallingProxy forwards TCP connections to a Redis, but once armed, a
+// connection that sends a command holding all of its markers is held: that
+// command and everything after it is never forwarded, as if that Redis
+// hung for that one connection while it still answers the others.
+type stallingProxy struct {
+	ln      net.Listener
+	target  string
+	markers [][]byte
+	armed   atomic.Bool
+	stalled chan struct{} // closed at the first held command
+	once    sync.Once
+	mu      sync.Mutex
+	conns   []net.Conn
+}
+
+func startStallingProxy(t *testing.T, target string, markers ...string) *stallingProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &stallingProxy{ln: ln, target: target, stalled: make(chan struct{})}
+	for _, m := range markers {
+		p.markers = append(p.markers, []byte(m))
+	}
+	go p.serve()
+	t.Cleanup(p.close)
+	return p
+}
+
+func (p *stallingProxy) addr() string { return p.ln.Addr().String() }
+
+func (p *stallingProxy) arm() { p.armed.Store(true) }
+
+func (p *stallingProxy) serve() {
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		server, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = client.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, client, server)
+		p.mu.Unlock()
+		go func() {
+			_, _ = io.Copy(client, server)
+			_ = client.Close()
+		}()
+		go p.forward(client, server)
+	}
+}
+
+// forward copies the client's commands to the server until one holds every
+// marker while the proxy is armed; it then reads and drops the rest.
+func (p *stallingProxy) forward(client, server net.Conn) {
+	defer server.Close()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := client.Read(buf)
+		if err != nil {
+			return
+		}
+		if p.armed.Load() && p.holdsMarkers(buf[:n]) {
+			p.once.Do(func() { close(p.stalled) })
+			_, _ = io.Copy(io.Discard, client)
+			return
+		}
+		if _, err := server.Write(buf[:n]); err != nil {
+			return
+		}
+	}
+}
+
+func (p *stallingProxy) holdsMarkers(chunk []byte) bool {
+	for _, m := range p.markers {
+		if !bytes.Contains(chunk, m) {
+			return false
+		}
+	}
+	return true
+}
+
+func (p *stallingProxy) close() {
+	_ = p.ln.Close()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+}
