@@ -34,8 +34,11 @@ func evalScript(function string) string {
 	return b.String()
 }
 
+// scripts holds every function the broker calls: publishWhileMigrating
+// calls FunctionPublishV2 too.
 var scripts = map[string]*redis.Script{
 	FunctionPublish:     redis.NewScript(evalScript(FunctionPublish)),
+	FunctionPublishV2:   redis.NewScript(evalScript(FunctionPublishV2)),
 	FunctionPublishOnce: redis.NewScript(evalScript(FunctionPublishOnce)),
 	FunctionRead:        redis.NewScript(evalScript(FunctionRead)),
 }

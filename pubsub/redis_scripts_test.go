@@ -107,3 +107,34 @@ type redisError string
 
 func (e redisError) Error() string { return string(e) }
 func (redisError) RedisError()     {}
+
+// On a Redis Cluster that forbids functions, a publish to a channel whose
+// slot is migrating (its keys still on the source) is answered TRYAGAIN
+// and sent again without its token, as the script of sse_publish_v2: the
+// broker must have that script (it panicked on a nil script).
+func TestRedisWithoutFunctionsPublishesWhileTheSlotMigrates(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	for _, n := range cluster.Nodes {
+		n.MustCLI("ACL", "SETUSER", "nofunc", "on", ">pw", "~*", "&*", "+@all", "-function", "-fcall", "-fcall_ro")
+	}
+	hub, _ := newRedisHub(t, RedisOptions{Addrs: cluster.Addrs(), Username: "nofunc", Password: "pw",
+		CheckInterval: 300 * time.Millisecond})
+	slot := 100
+	channel := channelInSlot(t, slot)
+	from := cluster.NodeOfSlot(t, slot)
+	to := otherPrimary(cluster, from)
+	publishTo(t, hub, channel, "before")
+	migrateSlotByHand(t, cluster, slot, from, to, func(phase string) {
+		if phase != "migrating" {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := hub.Publish(ctx, channel, Message{Data: []byte(phase)}, testLimits); err != nil {
+			t.Errorf("publish while the slot is %s: %v", phase, err)
+		}
+	})
+	if n := cluster.NodeOfSlot(t, slot).MustCLI("XLEN", "sse:{"+channel+"}:s"); n != "2" {
+		t.Fatalf("the channel holds %s events, want 2", n)
+	}
+}
