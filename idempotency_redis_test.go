@@ -4,12 +4,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/caddy-sse/caddy-sse/internal/clusterslot"
 	"github.com/caddy-sse/caddy-sse/internal/redistest"
+	"github.com/caddy-sse/caddy-sse/pubsub"
 )
 
 // With fallback local, a keyed publish made while Redis is down is known to
@@ -141,5 +143,39 @@ func TestAKeyedRetryAfterAPartialFailurePublishesOnce(t *testing.T) {
 	na, nb := count(ca), count(cb)
 	if na != 1 || nb != 1 {
 		t.Fatalf("one publish retried with its Idempotency-Key reached a %d times and b %d times, want once each", na, nb)
+	}
+}
+
+// A keyed publish fails on one of its channels (here a key of the wrong
+// type stands where b's history goes): its publish to a is kept under a
+// token of the Idempotency-Key for as long as the key is (10 minutes,
+// SPEC S6), not only go-redis' retry window (30 s): a retry that a
+// publisher with backoff sends a minute later must not publish a again.
+func TestAKeyedPartialFailureIsRememberedAsLongAsItsKey(t *testing.T) {
+	rds := redistest.Start(t)
+	srv := startCaddy(t, redisSite(rds.URL()))
+	rds.MustCLI("SET", "sse:{b}:m", "not a hash")
+	body := mustJSON(t, map[string]any{"channel": []string{"a", "b"}, "data": "once"})
+	key := header("Idempotency-Key", "k-partial")
+	s1, r1 := srv.post("/events", "application/json", body, key)
+	var failure errorBody
+	_ = json.Unmarshal(r1, &failure)
+	if s1 != http.StatusServiceUnavailable || fmt.Sprint(failure.Channels) != "[b]" || failure.IDs["a"] == "" {
+		t.Fatalf("first attempt: %d %s, want 503 naming b, with a's id", s1, r1)
+	}
+	tokens := strings.Fields(rds.MustCLI("--scan", "--pattern", "sse:{a}:p:*"))
+	if len(tokens) != 1 {
+		t.Fatalf("publish tokens of a: %q, want one", tokens)
+	}
+	ttl, _ := strconv.Atoi(rds.MustCLI("PTTL", tokens[0]))
+	if time.Duration(ttl)*time.Millisecond < pubsub.IdempotencyTTL-time.Minute {
+		t.Fatalf("a's publish is remembered for %d ms, the Idempotency-Key for %v", ttl, pubsub.IdempotencyTTL)
+	}
+	rds.MustCLI("DEL", "sse:{b}:m")
+	s2, r2 := srv.post("/events", "application/json", body, key)
+	var reply publishReply
+	_ = json.Unmarshal(r2, &reply)
+	if s2 != http.StatusOK || reply.IDs["a"] != failure.IDs["a"] || reply.IDs["b"] == "" {
+		t.Fatalf("retry: %d %s, want 200 with a's first id %s", s2, r2, failure.IDs["a"])
 	}
 }

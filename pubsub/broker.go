@@ -22,7 +22,7 @@ type Message struct {
 	// a publish with the same Once (a request retried under its
 	// Idempotency-Key after it failed on another channel) returns the
 	// first one's position instead of publishing again, while the broker
-	// keeps it (Redis: the publish-once window, at least 30 s). The
+	// keeps it (Redis: as long as an Idempotency-Key, IdempotencyTTL). The
 	// embedded broker, whose publishes cannot fail halfway, ignores it.
 	Once string
 }

@@ -128,11 +128,14 @@ func (b *Redis) Publish(ctx context.Context, channel string, msg Message, lim re
 	// go-redis sends a command again when its reply does not come in time,
 	// and a stalled Redis runs every copy it finds in its sockets once it
 	// resumes: the token, the same in every copy, makes them one publish
-	token := msg.Once
+	token, ttl := msg.Once, b.opts.publishOnceTTL()
 	if token == "" {
 		token = publishToken()
+	} else {
+		// a keyed request's retry may come as long as its key is kept
+		ttl = max(ttl, IdempotencyTTL)
 	}
-	args := []any{token, b.opts.publishOnceTTL().Milliseconds(),
+	args := []any{token, ttl.Milliseconds(),
 		msg.Type, msg.Data, lim.Count, lim.MaxAge.Milliseconds(), lim.MaxBytes}
 	var reply any
 	var err error
