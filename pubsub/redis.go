@@ -185,31 +185,59 @@ func redisLimits(lim replay.Limits) replay.Limits {
 }
 
 // publishAndWait publishes and then waits for replicas on the same
-// connection, as WAIT counts the writes of its own connection.
+// connection, as WAIT counts the writes of its own connection. One node's
+// connection does not follow the cluster as the cluster client does, so
+// this follows a reshard or failover itself, as publishWhileMigrating
+// does: to where MOVED or ASK sends it, and without the token while Redis
+// answers TRYAGAIN (the token's key cannot be made while the slot
+// migrates).
 func (b *Redis) publishAndWait(ctx context.Context, key string, args []any) (any, error) {
 	node, err := b.nodeFor(ctx, key)
 	if err != nil {
 		return nil, b.unavailable(err)
 	}
-	reply, err := b.publishAndWaitOn(ctx, node, key, args)
-	if to, moved := movedTo(err); moved && b.cluster != nil {
-		// the slot moved (a reshard, a failover): one node's connection
-		// does not follow it as the cluster client does, and nothing else
-		// may tell this instance (it may follow no stream of the channel)
-		b.cluster.ReloadState(ctx)
-		if node = b.primaryAt(ctx, to); node != nil {
-			reply, err = b.publishAndWaitOn(ctx, node, key, args) // the same token: one publish
+	function, asking := FunctionPublishOnce, false
+	wait := 5 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		reply, err := b.publishAndWaitOn(ctx, node, key, function, asking, args)
+		to, moved := movedTo(err)
+		switch {
+		case b.cluster == nil || attempt == 5 || (!moved && !isTryAgain(err)):
+			return reply, err
+		case moved:
+			// nothing else may tell this instance (it may follow no
+			// stream of the channel); ASK is for this call only
+			if asking = strings.HasPrefix(err.Error(), "ASK "); !asking {
+				b.cluster.ReloadState(ctx)
+			}
+			if node = b.primaryAt(ctx, to); node == nil {
+				return reply, err
+			}
+		case function == FunctionPublishOnce:
+			function, args = FunctionPublishV2, args[2:]
+		default: // the keys are being moved: try again in a moment
+			select {
+			case <-time.After(wait):
+			case <-ctx.Done():
+				return reply, err
+			}
+			wait *= 2
 		}
 	}
-	return reply, err
 }
 
-// publishAndWaitOn is publishAndWait on node.
-func (b *Redis) publishAndWaitOn(ctx context.Context, node *redis.Client, key string, args []any) (any, error) {
+// publishAndWaitOn is publishAndWait on node, after ASKING if asking (the
+// slot is being imported there).
+func (b *Redis) publishAndWaitOn(ctx context.Context, node *redis.Client, key, function string, asking bool, args []any) (any, error) {
 	conn := node.Conn()
 	defer conn.Close()
+	if asking {
+		if err := conn.Do(ctx, "ASKING").Err(); err != nil {
+			return nil, b.classify(err)
+		}
+	}
 	stop := b.watchStall()
-	reply, err := b.callOn(ctx, conn, node, key, FunctionPublishOnce, false, args...)
+	reply, err := b.callOn(ctx, conn, node, key, function, false, args...)
 	stop(err)
 	if err != nil {
 		return nil, err

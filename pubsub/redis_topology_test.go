@@ -547,3 +547,29 @@ func TestClusterFailoverUnderLoad(t *testing.T) {
 	}
 	replica.WaitShardSubscribers(t, key, 1)
 }
+
+// wait_replicas publishes on one primary's connection (for WAIT), which
+// does not follow a reshard as the cluster client does: while the slot is
+// migrating (TRYAGAIN for the token's key) and once its keys moved (ASK
+// to the target), a publish must still be made, once each, not refused
+// (or, with fallback local, delivered to this instance alone).
+func TestWaitReplicasPublishesWhileTheSlotMigrates(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	hub, _ := newRedisHub(t, RedisOptions{Addrs: cluster.Addrs(), WaitReplicas: 1, WaitTimeout: 50 * time.Millisecond,
+		CheckInterval: 300 * time.Millisecond})
+	slot := 100
+	channel := channelInSlot(t, slot)
+	from := cluster.NodeOfSlot(t, slot)
+	to := otherPrimary(cluster, from)
+	publishTo(t, hub, channel, "before")
+	migrateSlotByHand(t, cluster, slot, from, to, func(phase string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := hub.Publish(ctx, channel, Message{Data: []byte(phase)}, testLimits); err != nil {
+			t.Errorf("publish while the slot is %s: %v", phase, err)
+		}
+	})
+	if n := to.MustCLI("XLEN", "sse:{"+channel+"}:s"); n != "4" {
+		t.Fatalf("the channel holds %s events, want 4", n)
+	}
+}
