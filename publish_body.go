@@ -24,9 +24,18 @@ type publishRequest struct {
 	data     []byte
 }
 
-// bodyOverhead is what a body may hold besides the event data: channel
-// names, the event type, JSON syntax and escapes.
+// bodyOverhead is what a body may hold besides the event data and the
+// channel names: the event type, JSON syntax and escapes.
 const bodyOverhead = 64 << 10
+
+// bodyLimit bounds a publish body. A JSON string may escape each byte into
+// 6, so it is looser than max_event_size (the data itself is checked
+// after), and it makes room for max_channels names of the longest kind: a
+// valid publish to many long channels is not refused as too large.
+func (h *Handler) bodyLimit() int64 {
+	perChannel := int64(6*MaxChannelNameLen + len(`"",`))
+	return 6*h.MaxEventSize + int64(h.MaxChannels)*perChannel + bodyOverhead
+}
 
 func badRequest(code, format string, args ...any) *rejection {
 	return &rejection{status: http.StatusBadRequest, code: code, detail: fmt.Sprintf(format, args...)}
@@ -42,9 +51,7 @@ func (h *Handler) readPublish(w http.ResponseWriter, r *http.Request) (*publishR
 		return nil, &rejection{status: http.StatusUnsupportedMediaType, code: "unsupported_media_type", detail: "send the body without a Content-Encoding"}
 	}
 	mediaType, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	// a JSON string may escape each byte of the data into 6, so the body
-	// limit is looser than max_event_size; the data itself is checked after
-	limit := 6*h.MaxEventSize + bodyOverhead
+	limit := h.bodyLimit()
 	body := r.Body
 	r.Body = http.MaxBytesReader(w, body, limit)
 	var req *publishRequest

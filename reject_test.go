@@ -2,6 +2,7 @@ package caddysse
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -380,5 +381,31 @@ func TestASecretEndingInANewlineCanBeUsed(t *testing.T) {
 	status, body := srv.post("/events", "application/json", []byte(`{"channel":"a","data":"x"}`), nil)
 	if status != http.StatusOK {
 		t.Fatalf("publish with the configured secret: %d %s", status, body)
+	}
+}
+
+// The body limit makes room for every channel a publish may name: one to
+// max_channels channels of long names, with small events, is a valid
+// publish, not 413 event_too_large.
+func TestAPublishToMaxChannelsOfLongNamesIsAccepted(t *testing.T) {
+	srv := startCaddy(t, `
+:{PORT} {
+	sse /events {
+		channel {query.channels}
+		max_channels 400
+		max_event_size 1KiB
+		publish {
+			secret `+testSecret+`
+		}
+	}
+}
+`)
+	channels := make([]string, 400)
+	for i := range channels {
+		channels[i] = fmt.Sprintf("%03d-%s", i, strings.Repeat("x", MaxChannelNameLen-4))
+	}
+	ids := srv.publish("/events", map[string]any{"channel": channels, "data": "to all"})
+	if len(ids) != len(channels) {
+		t.Fatalf("%d ids for %d channels", len(ids), len(channels))
 	}
 }
