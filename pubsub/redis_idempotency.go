@@ -86,8 +86,11 @@ func (r *RedisIdempotency) Do(ctx context.Context, key, fingerprint string, publ
 		if claimed {
 			return r.publishClaimed(ctx, key, rkey, pending, fingerprint, publish)
 		}
-		reply, done, err := r.lookup(ctx, rkey, fingerprint)
-		if err != nil || done {
+		reply, done, ours, err := r.lookup(ctx, rkey, fingerprint, pending)
+		switch {
+		case ours:
+			return r.publishClaimed(ctx, key, rkey, pending, fingerprint, publish)
+		case err != nil || done:
 			return reply, done, err
 		}
 		select { // another request is publishing with this key: wait for it
@@ -151,24 +154,28 @@ func (r *RedisIdempotency) keepClaim(ctx context.Context, rkey, pending string) 
 }
 
 // lookup reads a key's state: the reply if it is done, ErrKeyReused if it
-// belongs to another request.
-func (r *RedisIdempotency) lookup(ctx context.Context, rkey, fingerprint string) ([]byte, bool, error) {
+// belongs to another request, ours if it holds this request's own claim
+// (go-redis sends the SET NX again when the reply of its first run is
+// lost, and the second run finds the key taken by the first).
+func (r *RedisIdempotency) lookup(ctx context.Context, rkey, fingerprint, pending string) (reply []byte, done, ours bool, err error) {
 	val, err := r.b.client.Get(ctx, rkey).Result()
-	if errors.Is(err, redis.Nil) {
-		return nil, false, nil // gone meanwhile: claim again
-	}
-	if err != nil {
-		return nil, false, err
+	switch {
+	case errors.Is(err, redis.Nil):
+		return nil, false, false, nil // gone meanwhile: claim again
+	case err != nil:
+		return nil, false, false, err
+	case val == pending:
+		return nil, false, true, nil
 	}
 	state, rest, _ := strings.Cut(val, ":")
-	fp, reply, _ := strings.Cut(rest, ":")
+	fp, kept, _ := strings.Cut(rest, ":")
 	if fp != fingerprint {
-		return nil, false, ErrKeyReused
+		return nil, false, false, ErrKeyReused
 	}
 	if state == "d" {
-		return []byte(reply), true, nil
+		return []byte(kept), true, false, nil
 	}
-	return nil, false, nil
+	return nil, false, false, nil
 }
 
 // Interface guards

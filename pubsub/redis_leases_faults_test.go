@@ -15,19 +15,24 @@ import (
 	"github.com/caddy-sse/caddy-sse/internal/redistest"
 )
 
-// lostReplyConn lets its first call of the lease script reach Redis, then
-// loses the reply (the connection drops): Redis ran the script, the client
-// never learns it, and go-redis sends the call again on a new connection.
+// lostReplyConn lets its first call of the lease script (or of what the
+// hook's match names) reach Redis, then loses the reply (the connection
+// drops): Redis ran the call, the client never learns it, and go-redis
+// sends the call again on a new connection.
 type lostReplyConn struct {
 	net.Conn
 	armed *atomic.Bool // shared by every connection: one reply is lost in all
-	lose  bool         // this connection's next read loses its reply
+	match func([]byte) bool
+	lose  bool // this connection's next read loses its reply
+}
+
+func isLeaseCall(p []byte) bool {
+	return bytes.Contains(p, []byte("lease:{")) && (bytes.Contains(p, []byte("EVALSHA")) || bytes.Contains(p, []byte("evalsha")))
 }
 
 func (c *lostReplyConn) Write(p []byte) (int, error) {
 	n, err := c.Conn.Write(p)
-	if bytes.Contains(p, []byte("lease:{")) && (bytes.Contains(p, []byte("EVALSHA")) || bytes.Contains(p, []byte("evalsha"))) &&
-		c.armed.CompareAndSwap(true, false) {
+	if c.match(p) && c.armed.CompareAndSwap(true, false) {
 		c.lose = true
 	}
 	return n, err
@@ -42,7 +47,10 @@ func (c *lostReplyConn) Read(p []byte) (int, error) {
 	return c.Conn.Read(p)
 }
 
-type loseOneReply struct{ armed atomic.Bool }
+type loseOneReply struct {
+	armed atomic.Bool
+	match func([]byte) bool // the call whose reply is lost; the lease script's if nil
+}
 
 func (h *loseOneReply) DialHook(next redis.DialHook) redis.DialHook {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -50,7 +58,11 @@ func (h *loseOneReply) DialHook(next redis.DialHook) redis.DialHook {
 		if err != nil {
 			return nil, err
 		}
-		return &lostReplyConn{Conn: conn, armed: &h.armed}, nil
+		match := h.match
+		if match == nil {
+			match = isLeaseCall
+		}
+		return &lostReplyConn{Conn: conn, armed: &h.armed, match: match}, nil
 	}
 }
 
