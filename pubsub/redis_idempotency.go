@@ -108,9 +108,7 @@ func (r *RedisIdempotency) publishClaimed(ctx context.Context, key, rkey, pendin
 			_ = releaseIfPending.Run(context.WithoutCancel(ctx), r.b.client, []string{rkey}, pending).Err()
 		}
 	}()
-	stop := r.keepClaim(ctx, rkey, pending)
-	reply, err = publish()
-	stop()
+	reply, err = r.publishKeepingClaim(ctx, rkey, pending, publish)
 	if err != nil {
 		return nil, false, err
 	}
@@ -125,6 +123,14 @@ func (r *RedisIdempotency) publishClaimed(ctx context.Context, key, rkey, pendin
 	_, _, _ = r.local.Do(context.WithoutCancel(ctx), key, fingerprint, func() ([]byte, error) { return reply, nil })
 	settled = true
 	return reply, false, nil
+}
+
+// publishKeepingClaim runs publish while renewing the claim, and stops the
+// renewals when it returns or panics (Caddy recovers a handler's panic:
+// they went on for the life of the process).
+func (r *RedisIdempotency) publishKeepingClaim(ctx context.Context, rkey, pending string, publish func() ([]byte, error)) ([]byte, error) {
+	defer r.keepClaim(ctx, rkey, pending)()
+	return publish()
 }
 
 // keepClaim renews the pending claim while the publish runs, which may take

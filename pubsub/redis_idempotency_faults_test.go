@@ -3,6 +3,7 @@ package pubsub
 import (
 	"bytes"
 	"context"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -42,5 +43,35 @@ func TestRedisIdempotencyClaimRetriedAfterALostReplyPublishes(t *testing.T) {
 	}
 	if v := srv.MustCLI("GET", "sse:idem:{k}"); v != `d:fp:{"ids":{}}` {
 		t.Fatalf("the key holds %q, want the reply", v)
+	}
+}
+
+// A keyed publish that panics (Caddy recovers a handler's panic) gives its
+// claim back and stops renewing it: the renewals went on for the life of
+// the process, a Redis call every third of idemPendingTTL per such request.
+func TestRedisIdempotencyPanicStopsTheClaimsRenewals(t *testing.T) {
+	srv := redistest.Start(t)
+	r := NewRedisIdempotency(newTestRedis(t, srv))
+	r.pendingTTL = 150 * time.Millisecond // renewed every 50 ms
+	func() {
+		defer func() { _ = recover() }()
+		_, _, _ = r.Do(context.Background(), "k", "fp", func() ([]byte, error) {
+			time.Sleep(120 * time.Millisecond) // renewed at least once
+			panic("publish")
+		})
+	}()
+	calls := func() string {
+		for _, line := range strings.Split(srv.MustCLI("INFO", "commandstats"), "\n") {
+			if strings.HasPrefix(line, "cmdstat_evalsha:") {
+				calls, _, _ := strings.Cut(strings.TrimPrefix(line, "cmdstat_evalsha:"), ",")
+				return calls
+			}
+		}
+		return ""
+	}
+	before := calls()
+	time.Sleep(300 * time.Millisecond)
+	if after := calls(); after != before {
+		t.Fatalf("scripts run after the publish panicked: %s, then %s", before, after)
 	}
 }
