@@ -73,6 +73,12 @@ func (h *Handler) resolveChannels(r *http.Request, repl *caddy.Replacer) ([]stri
 		if err := validateChannelName(name); err != nil {
 			return &rejection{status: 400, code: "channel_invalid", detail: err.Error()}
 		}
+		if len(names) > h.MaxChannels {
+			// refused already: the rest are only checked, not kept (a
+			// query of a million items would otherwise cost a million
+			// strings before its 400)
+			return nil
+		}
 		if _, dup := seen[name]; !dup {
 			seen[name] = struct{}{}
 			names = append(names, name)
@@ -96,7 +102,7 @@ func (h *Handler) resolveChannels(r *http.Request, repl *caddy.Replacer) ([]stri
 		return nil, invalid
 	}
 	if len(names) > h.MaxChannels {
-		return nil, &rejection{status: 400, code: "too_many_channels", detail: fmt.Sprintf("%d channels, at most %d", len(names), h.MaxChannels)}
+		return nil, &rejection{status: 400, code: "too_many_channels", detail: fmt.Sprintf("more than %d channels", h.MaxChannels)}
 	}
 	return names, nil
 }
