@@ -446,6 +446,70 @@ func TestRedisFailoverLosingAnEventIsTruncation(t *testing.T) {
 	}
 }
 
+// After a Sentinel failover that lost an event, a stream opened without a
+// cursor gets the first event published on the new primary. This instance
+// delivered the lost event before the failover; a stream that started
+// there (and not at the new primary's head) ended at the new event that
+// took the lost event's seq, with nothing written, and its client, which
+// holds no id, reconnected live past that event.
+func TestRedisFreshStreamAfterAFailoverThatLostAnEvent(t *testing.T) {
+	s := redistest.StartSentinel(t)
+	srv := startCaddy(t, sentinelSite(s))
+	c := srv.subscribe("/events?channels=f", nil)
+	s.Primary.WaitShardSubscribers(t, "sse:{f}", 1)
+	srv.publish("/events", map[string]any{"channel": "f", "data": "kept"})
+	c.next()
+	waitReplicaHas(t, s.Replica, "sse:{f}:s", "1")
+	s.Replica.Pause()
+	s.Primary.MustCLI("CLIENT", "KILL", "TYPE", "replica")
+	srv.publish("/events", map[string]any{"channel": "f", "data": "lost"})
+	c.next()
+	s.Primary.Kill()
+	s.Replica.Resume()
+	deadline := time.Now().Add(30 * time.Second)
+	s.WaitFailedOver(t, deadline)
+	// the watch is subscribed on the new primary and has compared its head
+	s.Replica.WaitShardSubscribers(t, "sse:{f}", 1)
+	time.Sleep(time.Second)
+
+	fresh := srv.subscribe("/events?channels=f", nil)
+	for {
+		status, _ := srv.post("/events", "application/json", mustJSON(t, map[string]any{"channel": "f", "data": "new"}), nil)
+		if status == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("publishing after the failover: %d", status)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if ev := fresh.next(); ev.Data != "new" {
+		t.Fatalf("a fresh stream after the failover got %+v", ev)
+	}
+}
+
+// sentinelSite is a site whose sse handler uses the Sentinel set-up s.
+func sentinelSite(s *redistest.Sentinel) string {
+	return `
+:{PORT} {
+	sse /events {
+		channel {query.channels}
+		redis {
+			addresses ` + s.Sentinel.Addr() + `
+			sentinel ` + s.Master + `
+			dial_timeout 300ms
+			read_timeout 1s
+			write_timeout 1s
+			check_interval 300ms
+		}
+		publish {
+			secret ` + testSecret + `
+		}
+	}
+}
+`
+}
+
 func waitReplicaHas(t *testing.T, replica *redistest.Server, key, n string) {
 	t.Helper()
 	deadline := time.Now().Add(waitFor)

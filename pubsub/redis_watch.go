@@ -444,7 +444,10 @@ func (w *watcher) repairLocked(wt *watch) {
 			w.deliverLocked(wt, ev)
 		}
 	}
-	if len(page.Events) == 0 && page.Truncated {
+	if page.Truncated {
+		// the history goes on from its head, not from last: after a
+		// failover that lost events the head is behind last, every event
+		// left is one already delivered, and new streams start here
 		wt.last = page.Head
 	}
 }
