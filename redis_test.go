@@ -455,6 +455,21 @@ func TestRedisFailoverLosingAnEventIsTruncation(t *testing.T) {
 func TestRedisFreshStreamAfterAFailoverThatLostAnEvent(t *testing.T) {
 	s := redistest.StartSentinel(t)
 	srv := startCaddy(t, sentinelSite(s))
+	publishAnEventTheReplicaMisses(t, s, srv)
+	failOver(t, s)
+	time.Sleep(time.Second) // the watch compares the new primary's head
+	fresh := srv.subscribe("/events?channels=f", nil)
+	publishUntilAccepted(t, srv, "f", "new")
+	if ev := fresh.next(); ev.Data != "new" {
+		t.Fatalf("a fresh stream after the failover got %+v", ev)
+	}
+}
+
+// publishAnEventTheReplicaMisses publishes "kept" to channel f, which the
+// replica gets, then "lost", which it does not: it is frozen, and cut off
+// by the primary so that nothing waits for it in its socket either.
+func publishAnEventTheReplicaMisses(t *testing.T, s *redistest.Sentinel, srv *testServer) {
+	t.Helper()
 	c := srv.subscribe("/events?channels=f", nil)
 	s.Primary.WaitShardSubscribers(t, "sse:{f}", 1)
 	srv.publish("/events", map[string]any{"channel": "f", "data": "kept"})
@@ -464,27 +479,51 @@ func TestRedisFreshStreamAfterAFailoverThatLostAnEvent(t *testing.T) {
 	s.Primary.MustCLI("CLIENT", "KILL", "TYPE", "replica")
 	srv.publish("/events", map[string]any{"channel": "f", "data": "lost"})
 	c.next()
+}
+
+// failOver kills the primary and waits until the replica is the master
+// and the instance follows channel f there.
+func failOver(t *testing.T, s *redistest.Sentinel) {
+	t.Helper()
 	s.Primary.Kill()
 	s.Replica.Resume()
-	deadline := time.Now().Add(30 * time.Second)
-	s.WaitFailedOver(t, deadline)
-	// the watch is subscribed on the new primary and has compared its head
+	s.WaitFailedOver(t, time.Now().Add(30*time.Second))
 	s.Replica.WaitShardSubscribers(t, "sse:{f}", 1)
-	time.Sleep(time.Second)
+}
 
-	fresh := srv.subscribe("/events?channels=f", nil)
+// publishUntilAccepted publishes data to channel until the publish is
+// answered 200 (Redis may still be failing over).
+func publishUntilAccepted(t *testing.T, srv *testServer, channel, data string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
 	for {
-		status, _ := srv.post("/events", "application/json", mustJSON(t, map[string]any{"channel": "f", "data": "new"}), nil)
+		status, _ := srv.post("/events", "application/json", mustJSON(t, map[string]any{"channel": channel, "data": data}), nil)
 		if status == http.StatusOK {
-			break
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("publishing after the failover: %d", status)
+			t.Fatalf("publishing %q: %d", data, status)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if ev := fresh.next(); ev.Data != "new" {
-		t.Fatalf("a fresh stream after the failover got %+v", ev)
+}
+
+// A stream opened without a cursor after this instance delivered an event
+// that a failover then lost (it started there, at the channel's head, and
+// has written nothing) gets the events published on the new primary: its
+// client holds no position that could be truncated. It ended at the first
+// of them (it took the lost event's seq), and the client, without an id,
+// reconnected live past it.
+func TestRedisStreamOpenedAtAnEventAFailoverLostGetsTheNewEvents(t *testing.T) {
+	s := redistest.StartSentinel(t)
+	srv := startCaddy(t, sentinelSite(s))
+	publishAnEventTheReplicaMisses(t, s, srv)
+	fresh := srv.subscribe("/events?channels=f", nil)
+	failOver(t, s)
+	publishUntilAccepted(t, srv, "f", "new")
+	publishUntilAccepted(t, srv, "f", "newer")
+	if got := fresh.nextData(2); fmt.Sprint(got) != "[new newer]" {
+		t.Fatalf("a stream opened at the lost event got %v", got)
 	}
 }
 

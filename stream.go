@@ -509,14 +509,19 @@ func (s *stream) writeLive(ctx context.Context, q queued) (bool, error) {
 // head (done is false otherwise: the usual rules apply). The history was
 // lost after the head was read (a flush, an eviction): the slot starts over
 // from the new epoch's first event instead of ending the stream, since its
-// client holds no position there that could be truncated. (An event of the
-// head's own epoch that the head counts is not written: the Redis watcher
-// delivers a channel's newest event when it starts watching it, and
-// re-delivers older ones when it repairs; a degraded stream gets what was
-// published since it opened from addSinceOpened.)
+// client holds no position there that could be truncated; so does a slot
+// whose head a failover lost (an event of its epoch contradicts it). (An
+// event of the head's own epoch that the head counts is not written: the
+// Redis watcher delivers a channel's newest event when it starts watching
+// it, and re-delivers older ones when it repairs; a degraded stream gets
+// what was published since it opened from addSinceOpened.)
 func (s *stream) writeFresh(q queued, at replay.Position) (wrote bool, err error, done bool) {
 	pos := q.ev.Pos
 	switch {
+	case at.Contradicts(pos):
+		// a failover lost the head the slot started at, and pos took a
+		// seq of the lost events: published after the stream opened
+		return true, s.writeLiveEvent(q), true
 	case at.IsZero(), pos.Epoch == at.Epoch:
 		return false, nil, false
 	case pos.Seq == 1:
