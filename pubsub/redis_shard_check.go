@@ -92,11 +92,43 @@ const checkBatchSize = 500
 func (s *shard) checkBatch(keys []string) (again []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cmds := s.readPipelined(ctx, keys, func(int) []any { return readArgs(0, nil) })
-	var moved []string
+	r := s.readHeads(ctx, s.client, keys)
+	if len(r.asked) > 0 {
+		// the slot is migrating and these channels' keys are on the
+		// primary importing it (ASK): read them there, through the
+		// cluster client. The subscriptions stay here, with the slot, until
+		// it moves (Redis unsubscribes them then); moving them away
+		// placed them here again, in a loop as fast as the round trips
+		// went, and no check read their heads until the slot moved.
+		there := s.readHeads(ctx, s.w.b.client, r.asked)
+		r.synced = append(r.synced, there.synced...)
+		r.again = append(r.again, there.again...)
+		r.moved = append(r.moved, there.moved...)
+	}
+	for _, h := range r.synced {
+		s.w.syncHead(h.wt, h.head, h.newest)
+	}
+	if len(r.moved) > 0 {
+		s.moveAway()
+	}
+	return r.again
+}
+
+// heads is what readHeads read: the heads of the watches (with the newest
+// event of those to sync for the first time), and the keys to check again
+// (the library was missing), that moved to another primary (MOVED) and
+// whose slot is migrating with their keys on the importing primary (ASK).
+type heads struct {
+	synced              []headOf
+	again, moved, asked []string
+}
+
+// readHeads reads the heads of keys through c, in one pipeline, and then
+// the newest events that readNewest reads.
+func (s *shard) readHeads(ctx context.Context, c redis.UniversalClient, keys []string) (r heads) {
+	cmds := s.readPipelined(ctx, c, keys, func(int) []any { return readArgs(0, nil) })
 	var lerr error
 	loaded := false // the keys of a shard are on one primary: one load serves the batch
-	var synced []headOf
 	for i, cmd := range cmds {
 		reply, err := cmd.Result()
 		switch {
@@ -111,11 +143,14 @@ func (s *shard) checkBatch(keys []string) (again []string) {
 				s.w.b.useScripts(lerr)
 			}
 			if lerr == nil || functionsForbidden(lerr) {
-				again = append(again, keys[i])
+				r.again = append(r.again, keys[i])
 			}
 			continue
+		case isAsk(err):
+			r.asked = append(r.asked, keys[i])
+			continue
 		case isMoved(err):
-			moved = append(moved, keys[i])
+			r.moved = append(r.moved, keys[i])
 			continue
 		case err != nil:
 			s.w.b.classify(err)
@@ -126,17 +161,11 @@ func (s *shard) checkBatch(keys []string) (again []string) {
 			continue
 		}
 		if wt := s.w.lookup(keys[i]); wt != nil {
-			synced = append(synced, headOf{wt: wt, head: page.Head})
+			r.synced = append(r.synced, headOf{wt: wt, head: page.Head})
 		}
 	}
-	s.readNewest(ctx, synced)
-	for _, h := range synced {
-		s.w.syncHead(h.wt, h.head, h.newest)
-	}
-	if len(moved) > 0 {
-		s.moveAway()
-	}
-	return again
+	s.readNewest(ctx, c, r.synced)
+	return r
 }
 
 // headOf is a watch's head as a check read it, with its newest event for
@@ -151,7 +180,7 @@ type headOf struct {
 // heads whose watch has its first sync to come (syncHead delivers it). One
 // read each in turn cost the shard's connection a round trip per channel
 // while every new stream of those channels waited for the sync.
-func (s *shard) readNewest(ctx context.Context, heads []headOf) {
+func (s *shard) readNewest(ctx context.Context, c redis.UniversalClient, heads []headOf) {
 	var first []int
 	var keys []string
 	for i, h := range heads {
@@ -163,7 +192,7 @@ func (s *shard) readNewest(ctx context.Context, heads []headOf) {
 	if len(keys) == 0 {
 		return
 	}
-	cmds := s.readPipelined(ctx, keys, func(j int) []any {
+	cmds := s.readPipelined(ctx, c, keys, func(j int) []any {
 		beyond := beyondHead(heads[first[j]].head)
 		return readArgs(1, &beyond) // truncated: the newest
 	})
@@ -183,9 +212,10 @@ func (s *shard) readNewest(ctx context.Context, heads []headOf) {
 }
 
 // readPipelined runs the library's read on each of keys, with args(i) for
-// keys[i], in one pipeline; each command's error is for the caller.
-func (s *shard) readPipelined(ctx context.Context, keys []string, args func(i int) []any) []*redis.Cmd {
-	pipe := s.client.Pipeline()
+// keys[i], in one pipeline through c; each command's error is for the
+// caller.
+func (s *shard) readPipelined(ctx context.Context, c redis.UniversalClient, keys []string, args func(i int) []any) []*redis.Cmd {
+	pipe := c.Pipeline()
 	cmds := make([]*redis.Cmd, len(keys))
 	scriptsOnly := s.w.b.scriptsOnly.Load()
 	for i, key := range keys {
@@ -203,6 +233,12 @@ func (s *shard) readPipelined(ctx context.Context, keys []string, args func(i in
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
+
+// isAsk reports whether err sends a command, this once, to the primary
+// importing its slot: the slot is migrating, and the keys are there.
+func isAsk(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "ASK ")
 }
 
 func isMoved(err error) bool {

@@ -573,3 +573,47 @@ func TestWaitReplicasPublishesWhileTheSlotMigrates(t *testing.T) {
 		t.Fatalf("the channel holds %s events, want 4", n)
 	}
 }
+
+// ssubscribes is how many SSUBSCRIBE node has run.
+func ssubscribes(node *redistest.Server) int {
+	n, _ := strconv.Atoi(strings.TrimPrefix(commandCalls(node.MustCLI("INFO", "commandstats"), "cmdstat_ssubscribe"), "calls="))
+	return n
+}
+
+// While a followed channel's slot is MIGRATING and its keys are already on
+// the target (a reshard under way, or one that stopped half way), the
+// check's read of its head is answered ASK. The subscription stays on the
+// source, which still owns the slot: it is not dropped and made again in a
+// loop as fast as the round trips go (each check answered ASK moved every
+// channel of the shard away, and the manager put them back on the same
+// primary), and the channel's events still reach the follower.
+func TestCheckOfAChannelWhoseKeysMigratedDoesNotResubscribeInALoop(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	opts := RedisOptions{Addrs: cluster.Addrs(), CheckInterval: 300 * time.Millisecond}
+	pub, _ := newRedisHub(t, opts)
+	sub, subBroker := newRedisHub(t, opts)
+	slot := 100
+	channel := channelInSlot(t, slot)
+	key := "sse:{" + channel + "}"
+	from := cluster.NodeOfSlot(t, slot)
+	to := otherPrimary(cluster, from)
+	rec := newRedisRecorder()
+	defer sub.Subscribe(rec, []string{channel}).Close()
+	from.WaitShardSubscribers(t, key, 1)
+	waitSynced(t, subBroker, channel)
+	publishTo(t, pub, channel, "before")
+	rec.waitFor(t, 0, 1)
+
+	migrateSlotByHand(t, cluster, slot, from, to, func(phase string) {
+		if phase != "migrated" {
+			return
+		}
+		publishTo(t, pub, channel, "migrated")
+		before := ssubscribes(from)
+		time.Sleep(2 * time.Second) // six check intervals
+		if n := ssubscribes(from) - before; n > 3 {
+			t.Errorf("%d SSUBSCRIBE on the source in 2 s while the slot's keys are on the target", n)
+		}
+		rec.waitFor(t, 0, 2)
+	})
+}
