@@ -139,6 +139,13 @@ local function publish(keys, args)
   if #data + #typ + OVERHEAD > max_bytes then
     return redis.error_reply('ERR sse: event larger than max_bytes')
   end
+  -- an ACL user has no channel unless granted (Redis 7): refuse before
+  -- writing, as a SPUBLISH refused at the end left the event in the
+  -- history, unannounced, though the caller was told it failed
+  if not redis.acl_check_cmd('spublish', base, '') then
+    return redis.error_reply('NOPERM sse: this user may not publish to the shard channel ' .. base ..
+      ' (grant it the channels of the key prefix, e.g. &sse:*)')
+  end
 
   local skey, mkey = base .. ':s', base .. ':m'
   local meta = redis.call('HMGET', mkey, 'e', 's', 't', 'b', 'a')

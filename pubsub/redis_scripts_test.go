@@ -3,6 +3,7 @@ package pubsub
 import (
 	"context"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -136,5 +137,31 @@ func TestRedisWithoutFunctionsPublishesWhileTheSlotMigrates(t *testing.T) {
 	})
 	if n := cluster.NodeOfSlot(t, slot).MustCLI("XLEN", "sse:{"+channel+"}:s"); n != "2" {
 		t.Fatalf("the channel holds %s events, want 2", n)
+	}
+}
+
+// A Redis 7 ACL user has no channel unless granted (acl-pubsub-default
+// resetchannels): one made with the keys and commands but not the shard
+// channels may not announce events. Its publishes are refused with a clear
+// error, and nothing is written: SPUBLISH failing at the end of the
+// function left the event in the history, unannounced, while the publisher
+// was told the publish failed, and each of its retries added another.
+func TestRedisUserWithoutChannelsPublishesNothing(t *testing.T) {
+	for _, scriptsOnly := range []bool{false, true} {
+		rds := redistest.Start(t)
+		rds.MustCLI("ACL", "SETUSER", "app", "on", ">pw", "~sse:*", "+@all")
+		if scriptsOnly {
+			rds.MustCLI("ACL", "SETUSER", "app", "-fcall", "-fcall_ro", "-function")
+		}
+		hub, _ := newRedisHub(t, RedisOptions{Addrs: []string{rds.Addr()}, Username: "app", Password: "pw"})
+		for range 3 { // the publisher retries
+			_, err := hub.Publish(context.Background(), "a", Message{Type: "t", Data: []byte("x")}, testLimits)
+			if err == nil || !strings.Contains(err.Error(), "may not publish to the shard channel") {
+				t.Fatalf("scripts only %v: publish by a user without channels: %v", scriptsOnly, err)
+			}
+		}
+		if n := rds.MustCLI("XLEN", "sse:{a}:s"); n != "0" {
+			t.Fatalf("scripts only %v: %s refused publishes are in the history", scriptsOnly, n)
+		}
 	}
 }
