@@ -394,23 +394,30 @@ func (w *watcher) close() {
 }
 
 // accept delivers an announced event in order: duplicates are dropped, a
-// gap is filled from the stream first. A rewritten history (an event at or
-// before the last delivered position but newer than it: a failover lost
-// events) is delivered as is; streams end on it and are told on reconnect.
+// gap is filled from the stream first. So is a rewritten history (an event
+// at or before the last delivered position but newer than it: a failover
+// lost events and gave their seqs to new ones), and any event while the
+// subscription was lost and the head not compared since: an event that
+// seems to follow may follow a lost one, and the new events before it were
+// announced while this instance was not subscribed. Streams end at the
+// first new event of a rewritten history and are told on reconnect.
 func (w *watcher) accept(wt *watch, ev *replay.Event) {
 	defer wt.markReady() // known now; after the unlock, so that startAt's read lock is free
 	wt.mu.Lock()
 	defer wt.mu.Unlock()
 	switch {
 	case !wt.known:
-	case wt.last.Contradicts(ev.Pos):
-		w.b.log.Warn("channel history was rewritten (events lost, e.g. in a failover)",
-			zap.String("channel", wt.channel), zap.Uint64("seq", ev.Pos.Seq))
-	case wt.last.Covers(ev.Pos):
+	case wt.last.Covers(ev.Pos) && !wt.last.Contradicts(ev.Pos):
 		return
-	case wt.last.Follows(ev.Pos):
+	case wt.last.Follows(ev.Pos) && !wt.behind:
 	default:
-		w.repairLocked(wt)
+		if wt.last.Contradicts(ev.Pos) {
+			w.b.log.Warn("channel history was rewritten (events lost, e.g. in a failover)",
+				zap.String("channel", wt.channel), zap.Uint64("seq", ev.Pos.Seq))
+		}
+		if w.repairLocked(wt) {
+			wt.behind = false // caught up with the head, while subscribed
+		}
 		if wt.last.Covers(ev.Pos) && !wt.last.Contradicts(ev.Pos) {
 			return
 		}
@@ -425,10 +432,11 @@ func (w *watcher) deliverLocked(wt *watch, ev *replay.Event) {
 
 // repairLocked delivers the events of the stream after the last delivered
 // position. A history that no longer follows on (trimmed, lost) is
-// delivered from what is left: streams notice the hole themselves.
-func (w *watcher) repairLocked(wt *watch) {
+// delivered from what is left: streams notice the hole themselves. It
+// reports whether it read the history.
+func (w *watcher) repairLocked(wt *watch) bool {
 	if !wt.known {
-		return
+		return false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -436,7 +444,7 @@ func (w *watcher) repairLocked(wt *watch) {
 	page, bad, err := w.b.read(ctx, wt.key, &after, w.b.opts.RepairLimit)
 	if err != nil {
 		w.b.log.Debug("repairing a channel failed", zap.String("channel", wt.channel), zap.Error(err))
-		return
+		return false
 	}
 	w.warnBad(wt, bad)
 	for _, ev := range page.Events {
@@ -450,6 +458,7 @@ func (w *watcher) repairLocked(wt *watch) {
 		// left is one already delivered, and new streams start here
 		wt.last = page.Head
 	}
+	return true
 }
 
 // syncHead compares a channel's head with what was delivered: it sets the

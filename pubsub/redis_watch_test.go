@@ -284,3 +284,67 @@ func waitDelivered(t *testing.T, broker *Redis, channel string, at replay.Positi
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// rewriteFrom replaces the events of channel from seq from on as a
+// failover that lost them leaves its history once new events took their
+// seqs: datas are the new events (later times, the same seqs), written
+// without announcing them (announced while this instance was not
+// subscribed), and the channel's head is the last of them.
+func rewriteFrom(t *testing.T, srv *redistest.Server, channel string, lost []replay.Position, datas ...string) {
+	t.Helper()
+	key := "sse:{" + channel + "}"
+	for _, pos := range lost {
+		srv.MustCLI("XDEL", key+":s", fmt.Sprintf("%d-%d", pos.Time, pos.Seq))
+	}
+	time.Sleep(5 * time.Millisecond) // later times than the lost events'
+	seq := lost[0].Seq
+	for i, data := range datas {
+		now := time.Now().UnixMilli() + int64(i)
+		srv.MustCLI("XADD", key+":s", fmt.Sprintf("%d-%d", now, seq), "y", "t", "d", data)
+		srv.MustCLI("HSET", key+":m", "s", strconv.FormatUint(seq, 10), "t", strconv.FormatInt(now, 10))
+		seq++
+	}
+}
+
+// A channel's history was rewritten (a failover lost events and gave
+// their seqs to new ones) and the first of the new events this instance
+// hears of is announced after others it missed. Its seq does not tell: it
+// may follow the last delivered seq, or contradict it. The watch reads
+// the history before it, so that the missed events are delivered first
+// (streams that wrote a lost event end at the first of them, and are told
+// on reconnect); it delivered the announced event at once, and no stream
+// got the ones before it.
+func TestRedisRewrittenHistoryIsReadBeforeTheAnnouncedEvent(t *testing.T) {
+	srv := redistest.Start(t)
+	opts := RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: time.Hour} // no check repairs it
+	pub, _ := newRedisHub(t, opts)
+	sub, broker := newRedisHub(t, opts)
+
+	t.Run("subscription lost, the announced event follows the lost one", func(t *testing.T) {
+		rec := follow(t, srv, sub, broker, "a")
+		publishTo(t, pub, "a", "1")
+		lost := publishTo(t, pub, "a", "lost")
+		rec.waitFor(t, 0, 2)
+		// the shard's connection ended (the primary failed): not checked since
+		broker.watch.lookup(broker.Key("a")).lostSubscription()
+		rewriteFrom(t, srv, "a", []replay.Position{lost}, "2")
+		publishTo(t, pub, "a", "3")
+		got := rec.waitFor(t, 0, 4)
+		if dataOf(got[2]) != "2" || got[2].Pos.Seq != 2 || dataOf(got[3]) != "3" {
+			t.Fatalf("after the rewrite: %q %+v, %q %+v", dataOf(got[2]), got[2].Pos, dataOf(got[3]), got[3].Pos)
+		}
+	})
+	t.Run("the announced event contradicts the last delivered", func(t *testing.T) {
+		rec := follow(t, srv, sub, broker, "b")
+		publishTo(t, pub, "b", "1")
+		lost2 := publishTo(t, pub, "b", "lost")
+		lost3 := publishTo(t, pub, "b", "lost too")
+		rec.waitFor(t, 0, 3)
+		rewriteFrom(t, srv, "b", []replay.Position{lost2, lost3}, "2")
+		publishTo(t, pub, "b", "3")
+		got := rec.waitFor(t, 0, 5)
+		if dataOf(got[3]) != "2" || got[3].Pos.Seq != 2 || dataOf(got[4]) != "3" {
+			t.Fatalf("after the rewrite: %q %+v, %q %+v", dataOf(got[3]), got[3].Pos, dataOf(got[4]), got[4].Pos)
+		}
+	})
+}
