@@ -17,7 +17,7 @@ import (
 type shard struct {
 	w      *watcher
 	id     string
-	client redis.UniversalClient
+	client redis.UniversalClient // under mu: useClient replaces it
 
 	mu          sync.Mutex
 	keys        map[string]*watch
@@ -57,6 +57,23 @@ func (s *shard) attach(key string, wt *watch) bool {
 		s.queueSyncLocked(key)
 	}
 	return !had
+}
+
+// useClient has the shard connect and read with c, the client go-redis
+// has for its primary now: go-redis closes the client of a node that was
+// out of the cluster's slot map for a minute (a primary that failed over,
+// or gave its slots away), and makes a new one once it serves slots again.
+func (s *shard) useClient(c redis.UniversalClient) {
+	s.mu.Lock()
+	s.client = c
+	s.mu.Unlock()
+}
+
+// currentClient is the client the shard reads with (useClient).
+func (s *shard) currentClient() redis.UniversalClient {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.client
 }
 
 func (s *shard) remove(key string) bool {

@@ -92,7 +92,7 @@ const checkBatchSize = 500
 func (s *shard) checkBatch(keys []string) (again []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	r := s.readHeads(ctx, s.client, keys)
+	r := s.readHeads(ctx, s.currentClient(), keys)
 	if len(r.asked) > 0 {
 		// the slot is migrating and these channels' keys are on the
 		// primary importing it (ASK): read them there, through the

@@ -617,3 +617,65 @@ func TestCheckOfAChannelWhoseKeysMigratedDoesNotResubscribeInALoop(t *testing.T)
 		rec.waitFor(t, 0, 2)
 	})
 }
+
+// addEmptyPrimary starts a cluster node that joins cluster as a primary
+// without slots, and adds it to cluster.Nodes. It stays a primary when it
+// gives its last slot away (not a replica of the node that took it).
+func addEmptyPrimary(t *testing.T, cluster *redistest.Cluster) *redistest.Server {
+	t.Helper()
+	n := redistest.Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000",
+		"--cluster-allow-replica-migration", "no")
+	for _, other := range cluster.Nodes {
+		n.MustCLI("CLUSTER", "MEET", "127.0.0.1", strconv.Itoa(other.Port))
+	}
+	id := n.NodeID()
+	for _, other := range cluster.Nodes {
+		for deadline := time.Now().Add(redisWait); !strings.Contains(other.MustCLI("CLUSTER", "NODES"), id); time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s does not know the new primary", other.Addr())
+			}
+		}
+	}
+	cluster.Nodes = append(cluster.Nodes, n)
+	cluster.WaitOK(t)
+	return n
+}
+
+// A primary that was out of the cluster's slot map for a minute (here it
+// gave its slots away; or it failed, its replica took over, and it came
+// back as a replica) serves the channel's slot again.
+// go-redis closed its client meanwhile (a node out of the cluster's state
+// for a minute) and made a new one: the shard of that primary connects
+// with the new client. With the closed one it failed to subscribe for
+// good, so the channel's events never reached the follower again, and
+// every attempt marked Redis down.
+func TestShardOfAPrimaryThatServesSlotsAgainAfterAMinute(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for go-redis to close the client of a node out of the cluster for a minute")
+	}
+	cluster := redistest.StartCluster(t, 3)
+	spare := addEmptyPrimary(t, cluster)
+	slot := 100
+	channel := channelInSlot(t, slot)
+	key := "sse:{" + channel + "}"
+	home := cluster.NodeOfSlot(t, slot)
+	noop := func(string) {}
+	migrateSlotByHand(t, cluster, slot, home, spare, noop)
+	opts := RedisOptions{Addrs: cluster.Addrs(), CheckInterval: 300 * time.Millisecond}
+	pub, _ := newRedisHub(t, opts)
+	sub, subBroker := newRedisHub(t, opts)
+	rec := follow(t, spare, sub, subBroker, channel)
+	publishTo(t, pub, channel, "on the spare")
+	rec.waitFor(t, 0, 1)
+
+	migrateSlotByHand(t, cluster, slot, spare, home, noop)
+	home.WaitShardSubscribers(t, key, 1)
+	publishTo(t, pub, channel, "home")
+	rec.waitFor(t, 0, 2)
+	time.Sleep(65 * time.Second) // go-redis closes the spare's client
+
+	migrateSlotByHand(t, cluster, slot, home, spare, noop)
+	spare.WaitShardSubscribers(t, key, 1)
+	publishTo(t, pub, channel, "on the spare again")
+	rec.waitFor(t, 0, 3)
+}

@@ -336,6 +336,8 @@ func (w *watcher) shardFor(key string) (*shard, error) {
 		w.shards[id] = s
 		w.wg.Add(1)
 		go s.run()
+	} else {
+		s.useClient(client)
 	}
 	return s, nil
 }
