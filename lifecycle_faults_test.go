@@ -540,3 +540,29 @@ func TestStreamHandedOverDuringReloadGetsServerClosingOnce(t *testing.T) {
 		conn.Close()
 	}
 }
+
+// A reload away from a Redis (or a stop) while that Redis hangs returns
+// promptly although streams hold leases of a per-principal cap: giving the
+// leases back is best effort (they lapse within lease_ttl), and the hub's
+// close waited for it, 10 s, holding the reload and the process exit
+// (SPEC S8: it exits promptly).
+func TestReloadAwayFromAHungRedisIsPrompt(t *testing.T) {
+	rds := redistest.Start(t)
+	srv := startCaddy(t, cappedRetryNowSite("redis "+rds.URL()))
+	for _, user := range []string{"u", "v"} {
+		c := srv.subscribe("/events?user="+user, nil)
+		c.comment("ok")
+		defer c.close()
+	}
+	rds.Pause()
+	defer rds.Resume()
+	base := runtime.NumGoroutine()
+	start := time.Now()
+	srv.reload(cappedRetryNowSite(""))
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("the reload away from the hung Redis took %v", took)
+	}
+	if n := settleGoroutines(base); n > base {
+		t.Errorf("goroutines: %d after closing the hub, %d before", n, base)
+	}
+}

@@ -343,7 +343,15 @@ func (r *RedisLeases) Holders(principals []string) []string {
 	return slices.DeleteFunc(slices.Clone(principals), func(p string) bool { return !wanted[p] })
 }
 
-// Close releases every lease and stops the renewals.
+// closeFlushWait bounds how long Close waits for the leases to be given
+// back: a Redis that answers does it in milliseconds, and one that hangs
+// must not hold a reload or the process exit (the leases lapse within
+// their ttl anyway). The broker's client closes next, which ends a flush
+// still waiting on it.
+const closeFlushWait = time.Second
+
+// Close releases every lease (best effort, see closeFlushWait) and stops
+// the renewals.
 func (r *RedisLeases) Close() {
 	r.mu.Lock()
 	if r.closed {
@@ -360,7 +368,13 @@ func (r *RedisLeases) Close() {
 	r.mu.Unlock()
 	close(r.stop)
 	if running {
-		<-r.done
+		t := time.NewTimer(closeFlushWait)
+		defer t.Stop()
+		select {
+		case <-r.done:
+		case <-t.C:
+			r.b.log.Warn("giving connection leases back takes too long; they lapse within their ttl")
+		}
 	} else {
 		r.flushReleases()
 	}
