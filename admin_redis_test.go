@@ -219,3 +219,28 @@ func TestRedisChannelsSubscribedReturnsToZero(t *testing.T) {
 		return metric(t, s, "caddy_sse_redis_channels_subscribed") == 0 && metric(t, s, "caddy_sse_streams_open") == 0
 	})
 }
+
+// caddy_sse_redis_reconnects_total is a counter: it runs on across a
+// reload that replaces the Redis hub (any other Redis setting makes a new
+// one) instead of falling back to the new hub's count (README: counters run
+// on across reloads).
+func TestRedisReconnectsRunOnAcrossAReloadThatReplacesTheHub(t *testing.T) {
+	rds := redistest.Start(t)
+	site := metricsRedisSite(rds.URL())
+	srv := startCaddy(t, site)
+	c := srv.subscribe("/events?channels=a", nil)
+	c.comment("ok")
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
+	rds.Kill()
+	eventually(t, "redis_up to be 0 after the kill", func() bool {
+		return metric(t, srv.scrape(), "caddy_sse_redis_up") == 0
+	})
+	rds.Restart()
+	eventually(t, "one reconnection", func() bool {
+		return metric(t, srv.scrape(), "caddy_sse_redis_reconnects_total") == 1
+	})
+	srv.reload(strings.Replace(site, "check_interval 300ms", "check_interval 400ms", 1))
+	if got := metric(t, srv.scrape(), "caddy_sse_redis_reconnects_total"); got != 1 {
+		t.Fatalf("caddy_sse_redis_reconnects_total = %v after a reload that replaced the hub, want 1", got)
+	}
+}

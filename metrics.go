@@ -3,6 +3,7 @@ package caddysse
 import (
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
@@ -207,6 +208,14 @@ func (m *metrics) queueDepth(events int) {
 // nothing while no hub has such a broker (the embedded hub).
 type backendCollector struct {
 	up, reconnects, channels *prometheus.Desc
+
+	mu sync.Mutex
+	// seen holds the reconnections of each hub (by its key in the pool) as
+	// last collected, and gone the sum of those of the hubs closed since:
+	// a reload with other Redis settings replaces a hub, and the counter
+	// must run on instead of falling back to the new hub's count
+	seen map[any]uint64
+	gone uint64
 }
 
 func newBackendCollector() *backendCollector {
@@ -230,9 +239,11 @@ func (c *backendCollector) Describe(ch chan<- *prometheus.Desc) {
 // Collect sums the status of the hubs' backends.
 func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
 	found, up := false, true
-	var reconnects uint64
 	var channels int
-	hubs.Range(func(_, val any) bool {
+	reconnects := map[any]uint64{}
+	c.mu.Lock() // two registries may collect at once (a reload): one at a time
+	defer c.mu.Unlock()
+	hubs.Range(func(key, val any) bool {
 		hub, ok := val.(interface{ Broker() pubsub.Broker })
 		if !ok {
 			return true
@@ -243,10 +254,11 @@ func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		st := rep.BackendStatus()
 		found, up = true, up && st.Up
-		reconnects += st.Reconnects
+		reconnects[key] = st.Reconnects
 		channels += st.Channels
 		return true
 	})
+	total := c.reconnectsSoFar(reconnects)
 	if !found {
 		return
 	}
@@ -255,8 +267,25 @@ func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
 		upValue = 1
 	}
 	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, upValue)
-	ch <- prometheus.MustNewConstMetric(c.reconnects, prometheus.CounterValue, float64(reconnects))
+	ch <- prometheus.MustNewConstMetric(c.reconnects, prometheus.CounterValue, float64(total))
 	ch <- prometheus.MustNewConstMetric(c.channels, prometheus.GaugeValue, float64(channels))
+}
+
+// reconnectsSoFar returns the reconnections of the hubs in use (now, by
+// key) and of those closed since the collector saw them; c.mu is held. A
+// hub whose count went down is a new one under the same key.
+func (c *backendCollector) reconnectsSoFar(now map[any]uint64) uint64 {
+	for key, n := range c.seen {
+		if m, ok := now[key]; !ok || m < n {
+			c.gone += n
+		}
+	}
+	c.seen = now
+	total := c.gone
+	for _, n := range now {
+		total += n
+	}
+	return total
 }
 
 // Interface guards
