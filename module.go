@@ -214,6 +214,7 @@ type Handler struct {
 	closedByServer    bool // its server's shutdown hook tells its streams (closeStreamsOnShutdown)
 	cleanedUp         bool // Cleanup ran
 	hubKey            string
+	hubLogs           func() // gives back the logger the hub was handed (useHubLogger)
 	streams           *registry
 	secret            []byte // the SHA-256 digest of the publish secret
 	limits            replay.Limits
@@ -266,6 +267,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.hub, h.hubKey = hub, key
+	h.useHubLogger(redisOpts)
 	if h.Writer == writerTakeover {
 		if h.loops, err = acquireLoops(); err != nil {
 			return err
@@ -302,6 +304,15 @@ func (h *Handler) redisOptions() (*pubsub.RedisOptions, string, error) {
 		caFile = h.Redis.TLS.CA
 	}
 	return &opts, hubKeyOf(opts, caFile, h.Redis.caSum), nil
+}
+
+// useHubLogger makes a Redis hub log through this handler's logger while
+// it is the newest user: the hub outlives the config that made it, and
+// must log as the running config says (its outputs, its level).
+func (h *Handler) useHubLogger(redisOpts *pubsub.RedisOptions) {
+	if rb, ok := h.hub.Broker().(*pubsub.Redis); ok && redisOpts != nil {
+		h.hubLogs = rb.UseLogger(redisOpts.Logger)
+	}
 }
 
 // hubLimits are the history bounds this handler publishes with.
@@ -507,6 +518,9 @@ func (h *Handler) Cleanup() error {
 	}
 	if h.loopsOn {
 		releaseLoops()
+	}
+	if h.hubLogs != nil {
+		h.hubLogs()
 	}
 	if h.hubKey != "" {
 		return releaseHub(h.hubKey)

@@ -65,7 +65,7 @@ type Redis struct {
 	client  redis.UniversalClient
 	cluster *redis.ClusterClient // nil unless Redis Cluster
 	deliver DeliverFunc
-	log     *zap.Logger
+	logs    logStack // the newest logger its users gave it, first its own (UseLogger)
 	watch   *watcher
 	local   localFallback
 
@@ -86,12 +86,14 @@ type Redis struct {
 // read or watch does, so a server starts while Redis is down.
 func NewRedis(opts RedisOptions, deliver DeliverFunc) (*Redis, error) {
 	opts.applyDefaults()
-	routeRedisLogsTo(opts.Logger)
+	routeRedisLogs.Do(func() { redis.SetLogger(zapRedisLogger{}) })
 	client, cluster, err := opts.newClient()
 	if err != nil {
 		return nil, err
 	}
-	b := &Redis{opts: opts, client: client, cluster: cluster, deliver: deliver, log: opts.Logger}
+	b := &Redis{opts: opts, client: client, cluster: cluster, deliver: deliver}
+	b.logs.push(opts.Logger)
+	goRedisLogs.push(opts.Logger)
 	b.up.Store(true)
 	b.wentDown = make(chan struct{})
 	b.local.epoch = newLocalEpoch()
@@ -247,12 +249,12 @@ func (b *Redis) publishAndWaitOn(ctx context.Context, node *redis.Client, key, f
 		// the event is published (the function answered) and announced:
 		// failing now would have it published again (a retry, fallback
 		// local). Its replicas could not be counted: as too few acks
-		b.log.Warn("published event's replicas could not be counted",
+		b.log().Warn("published event's replicas could not be counted",
 			zap.String("key", key), zap.Error(b.classify(err)))
 		return reply, nil
 	}
 	if int(acked) < b.opts.WaitReplicas {
-		b.log.Warn("published event not acknowledged by enough replicas",
+		b.log().Warn("published event not acknowledged by enough replicas",
 			zap.String("key", key), zap.Int64("acknowledged", acked), zap.Int("wanted", b.opts.WaitReplicas))
 	}
 	return reply, nil
@@ -282,7 +284,7 @@ func (b *Redis) Read(ctx context.Context, channel string, after *replay.Position
 // read of the history, and every stream's replay, meets them again.
 func (b *Redis) warnBad(channel string) {
 	if _, warned := b.badWarned.LoadOrStore(channel, true); !warned {
-		b.log.Warn("events with an invalid type or non-UTF-8 data arrived through Redis; they are sent as id-only blocks",
+		b.log().Warn("events with an invalid type or non-UTF-8 data arrived through Redis; they are sent as id-only blocks",
 			zap.String("channel", channel))
 	}
 }
@@ -448,7 +450,7 @@ func (b *Redis) loadOn(ctx context.Context, node *redis.Client) error {
 		if _, err := node.FunctionLoadReplace(ctx, redisFunctions).Result(); err != nil {
 			return err
 		}
-		b.log.Info("loaded the sse Redis functions", zap.String("node", addr))
+		b.log().Info("loaded the sse Redis functions", zap.String("node", addr))
 		return nil
 	})
 }
@@ -531,11 +533,11 @@ func (b *Redis) setUp(up bool, err error) {
 	}
 	if up {
 		b.wentDown = make(chan struct{})
-		b.log.Info("redis is reachable again")
+		b.log().Info("redis is reachable again")
 		b.watch.recovered()
 	} else {
 		close(b.wentDown)
-		b.log.Error("redis is unreachable", zap.Error(err))
+		b.log().Error("redis is unreachable", zap.Error(err))
 	}
 }
 
@@ -570,6 +572,7 @@ func (b *Redis) Close() error {
 	for _, f := range b.onClose {
 		f()
 	}
+	defer goRedisLogs.pop(b.opts.Logger)
 	return b.client.Close()
 }
 

@@ -78,7 +78,7 @@ func (r *RedisIdempotency) Do(ctx context.Context, key, fingerprint string, publ
 		}
 		if err != nil {
 			if isUnavailable(err) {
-				r.b.log.Warn("idempotency keys fall back to this instance: redis is unreachable", zap.Error(err))
+				r.b.log().Warn("idempotency keys fall back to this instance: redis is unreachable", zap.Error(err))
 				return r.local.Do(ctx, key, fingerprint, publish)
 			}
 			return nil, false, err
@@ -115,7 +115,7 @@ func (r *RedisIdempotency) publishClaimed(ctx context.Context, key, rkey, pendin
 	err = settleIfPending.Run(context.WithoutCancel(ctx), r.b.client, []string{rkey}, pending,
 		"d:"+fingerprint+":"+string(reply), IdempotencyTTL.Milliseconds()).Err()
 	if err != nil {
-		r.b.log.Warn("could not keep an idempotency reply", zap.Error(err))
+		r.b.log().Warn("could not keep an idempotency reply", zap.Error(err))
 	}
 	// and in memory: a retry that comes while Redis is unreachable (the
 	// reply was lost, then Redis went away) replays it instead of

@@ -268,7 +268,7 @@ func (r *RedisLeases) renew() {
 		expireNoSooner(ctx, pipe, l.key, 2*l.ttl)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
-		r.b.log.Debug("renewing connection leases failed", zap.Int("leases", len(leases)), zap.Error(err))
+		r.b.log().Debug("renewing connection leases failed", zap.Int("leases", len(leases)), zap.Error(err))
 		r.b.classify(err)
 	}
 }
@@ -287,7 +287,7 @@ func (r *RedisLeases) flushReleases() {
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		// they lapse within their ttl anyway
-		r.b.log.Debug("releasing connection leases failed", zap.Int("leases", len(released)), zap.Error(err))
+		r.b.log().Debug("releasing connection leases failed", zap.Int("leases", len(released)), zap.Error(err))
 	}
 }
 
@@ -373,7 +373,7 @@ func (r *RedisLeases) Close() {
 		select {
 		case <-r.done:
 		case <-t.C:
-			r.b.log.Warn("giving connection leases back takes too long; they lapse within their ttl")
+			r.b.log().Warn("giving connection leases back takes too long; they lapse within their ttl")
 		}
 	} else {
 		r.flushReleases()

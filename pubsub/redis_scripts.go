@@ -82,6 +82,6 @@ var (
 // useScripts switches the broker to scripts for good, once.
 func (b *Redis) useScripts(err error) {
 	if !b.scriptsOnly.Swap(true) {
-		b.log.Warn("redis refuses functions; using EVALSHA scripts instead (direct publishers must use EVAL too)", zap.Error(err))
+		b.log().Warn("redis refuses functions; using EVALSHA scripts instead (direct publishers must use EVAL too)", zap.Error(err))
 	}
 }

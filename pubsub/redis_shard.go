@@ -102,7 +102,7 @@ func (s *shard) subscribe(keys []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := s.ssubscribe(ctx, ps, keys); err != nil {
-		s.w.b.log.Debug("subscribing failed; the connection will be replaced", zap.String("shard", s.id), zap.Error(err))
+		s.w.b.log().Debug("subscribing failed; the connection will be replaced", zap.String("shard", s.id), zap.Error(err))
 		s.kill(ps)
 	}
 }
@@ -373,7 +373,7 @@ func (s *shard) relocate() {
 	if len(moved) == 0 {
 		return
 	}
-	s.w.b.log.Info("channels moved to another primary", zap.String("from", s.id), zap.Int("channels", len(moved)))
+	s.w.b.log().Info("channels moved to another primary", zap.String("from", s.id), zap.Int("channels", len(moved)))
 	s.mu.Lock()
 	for _, key := range moved {
 		delete(s.keys, key)
@@ -400,7 +400,7 @@ func (s *shard) receive(ps *redis.PubSub) error {
 				s.maybeCheck(true)
 				continue
 			case isMoved(err):
-				s.w.b.log.Debug("a shard channel moved", zap.String("shard", s.id), zap.Error(err))
+				s.w.b.log().Debug("a shard channel moved", zap.String("shard", s.id), zap.Error(err))
 				s.moveAway()
 				continue
 			case errors.Is(err, redis.ErrClosed):

@@ -45,7 +45,7 @@ func (s *shard) maybeCheck(idle bool) {
 	if full && s.unconfirmedTooLong() {
 		ps, waiting := s.ps, s.unconfirmed
 		s.mu.Unlock()
-		s.w.b.log.Warn("Redis did not confirm channel subscriptions; reconnecting to subscribe again",
+		s.w.b.log().Warn("Redis did not confirm channel subscriptions; reconnecting to subscribe again",
 			zap.String("shard", s.id), zap.Int("unconfirmed", waiting))
 		if ps != nil {
 			s.kill(ps)

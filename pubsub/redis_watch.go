@@ -305,7 +305,7 @@ func (w *watcher) detach(key string) *shard {
 }
 
 func (w *watcher) retryLater(key string, wt *watch, err error) {
-	w.b.log.Debug("could not place a channel subscription yet", zap.String("key", key), zap.Error(err))
+	w.b.log().Debug("could not place a channel subscription yet", zap.String("key", key), zap.Error(err))
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if _, set := w.pending[key]; !set && w.byKey[key] == wt {
@@ -414,7 +414,7 @@ func (w *watcher) accept(wt *watch, ev *replay.Event) {
 	case wt.last.Follows(ev.Pos) && !wt.behind:
 	default:
 		if wt.last.Contradicts(ev.Pos) {
-			w.b.log.Warn("channel history was rewritten (events lost, e.g. in a failover)",
+			w.b.log().Warn("channel history was rewritten (events lost, e.g. in a failover)",
 				zap.String("channel", wt.channel), zap.Uint64("seq", ev.Pos.Seq))
 		}
 		if w.repairLocked(wt) {
@@ -445,7 +445,7 @@ func (w *watcher) repairLocked(wt *watch) bool {
 	after := wt.last
 	page, bad, err := w.b.read(ctx, wt.key, &after, w.b.opts.RepairLimit)
 	if err != nil {
-		w.b.log.Debug("repairing a channel failed", zap.String("channel", wt.channel), zap.Error(err))
+		w.b.log().Debug("repairing a channel failed", zap.String("channel", wt.channel), zap.Error(err))
 		return false
 	}
 	w.warnBad(wt, bad)
@@ -511,7 +511,7 @@ func (w *watcher) onNotice(key, payload string) {
 	}
 	n, err := parseNotice(payload)
 	if err != nil {
-		w.b.log.Warn("malformed announcement on a shard channel", zap.String("key", key), zap.Error(err))
+		w.b.log().Warn("malformed announcement on a shard channel", zap.String("key", key), zap.Error(err))
 		return
 	}
 	ev, valid := encodeEvent(n.pos, n.typ, n.data)
