@@ -244,3 +244,20 @@ func TestRedisReconnectsRunOnAcrossAReloadThatReplacesTheHub(t *testing.T) {
 		t.Fatalf("caddy_sse_redis_reconnects_total = %v after a reload that replaced the hub, want 1", got)
 	}
 }
+
+// /sse/stats lists the channels of streams: not the hub's internal channel
+// of throttle announcements, which every Redis hub follows once it checked
+// a throttle (it was listed as a channel with one stream, and counted).
+func TestStatsLeaveOutTheInternalThrottleChannel(t *testing.T) {
+	rds := redistest.Start(t)
+	srv, admin := startCaddyWithAdmin(t, redisSite(rds.URL()))
+	c := srv.subscribe("/events?channels=a", nil)
+	c.comment("ok")
+	_, got := getStats(t, admin+"/sse/stats")
+	if len(got.Hubs) != 1 {
+		t.Fatalf("hubs: %+v", got.Hubs)
+	}
+	if hs := got.Hubs[0]; hs.Channels != 1 || len(hs.TopChannels) != 1 || hs.TopChannels[0].Channel != "a" {
+		t.Fatalf("channels %d, top %+v; want only a", hs.Channels, hs.TopChannels)
+	}
+}

@@ -34,11 +34,15 @@ func (h *Hub) Throttles() Throttles { return h.throttles }
 func (h *Hub) Census() *Census { return h.census }
 
 // TopChannels returns the n channels with the most local subscriptions,
-// most first, and how many channels have any.
+// most first, and how many channels have any; the hub's internal channel
+// is not one of them.
 func (h *Hub) TopChannels(n int) ([]Count, int) {
 	h.mu.RLock()
 	all := make([]Count, 0, len(h.channels))
 	for name, ms := range h.channels {
+		if name == throttleChannel {
+			continue // the hub's own (RedisThrottles.following), not a stream's
+		}
 		ms.mu.RLock()
 		all = append(all, Count{Name: name, Streams: len(ms.list)})
 		ms.mu.RUnlock()
