@@ -78,6 +78,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"rejections without mode", "sse {\n\trejections\n}", "wrong argument count"},
 		{"bad throttle", "sse {\n\tthrottle 0s\n}", "positive duration"},
 		{"throttle too many args", "sse {\n\tthrottle 1m 2m\n}", "wrong argument count"},
+		{"cluster with sentinel", "sse {\n\tredis {\n\t\taddresses 127.0.0.1:1\n\t\tcluster\n\t\tsentinel m\n\t}\n}", "not both"},
 		{"max_retries 0", "sse {\n\tredis {\n\t\turl redis://127.0.0.1:1\n\t\tmax_retries 0\n\t}\n}", "write -1 for none"},
 	}
 	for _, tc := range cases {

@@ -237,6 +237,11 @@ func validateRedisOptions(o pubsub.RedisOptions) error {
 			return fmt.Errorf("redis: address %q is not host:port", a)
 		}
 	}
+	if o.MasterName != "" && o.Cluster {
+		// Sentinel watches one primary, a cluster has many: one would be
+		// silently left out
+		return errors.New("redis: cluster or sentinel <master-name>, not both")
+	}
 	if o.MasterName == "" && (o.SentinelUsername != "" || o.SentinelPassword != "") {
 		return errors.New("redis: sentinel_username and sentinel_password need sentinel <master-name>")
 	}
@@ -310,6 +315,8 @@ func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.Err("redis: give a url or addresses")
 	case c.URL != "" && len(c.Addresses) > 0:
 		return d.Err("redis: give a url or addresses, not both")
+	case c.Cluster && c.Sentinel != "":
+		return d.Err("redis: cluster or sentinel <master-name>, not both")
 	}
 	return nil
 }

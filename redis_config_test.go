@@ -77,6 +77,8 @@ func TestRedisJSONBadValuesRefused(t *testing.T) {
 		{"negative check_interval", func(c *RedisConfig) { c.CheckInterval = caddy.Duration(-time.Second) }},
 		{"negative wait_timeout", func(c *RedisConfig) { c.WaitReplicas = 1; c.WaitTimeout = caddy.Duration(-time.Second) }},
 		{"max_retries below -1", func(c *RedisConfig) { c.MaxRetries = -5 }},
+		// the Sentinel client was made and cluster silently left out
+		{"cluster with sentinel", func(c *RedisConfig) { c.Cluster, c.Sentinel = true, "m" }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
