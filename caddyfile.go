@@ -90,6 +90,11 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, name string) err
 		if len(args) == 0 {
 			return d.ArgErr()
 		}
+		for _, tmpl := range args {
+			if err := checkChannelTemplate(tmpl); err != nil {
+				return d.Err(err.Error())
+			}
+		}
 		h.Channels = append(h.Channels, args...)
 		return nil
 	case "namespace":

@@ -439,6 +439,9 @@ func (h *Handler) Validate() error {
 		if strings.TrimSpace(tmpl) == "" {
 			return errors.New("channel: empty template")
 		}
+		if err := checkChannelTemplate(tmpl); err != nil {
+			return err
+		}
 	}
 	if h.Principal != "" && strings.TrimSpace(h.Principal) == "" {
 		return errors.New("principal: empty template")

@@ -24,6 +24,11 @@ func TestValidate(t *testing.T) {
 	}{
 		{"nothing to do", func(h *Handler) { h.Channels = nil }, "nothing to do"},
 		{"blank template", func(h *Handler) { h.Channels = []string{" "} }, "empty template"},
+		// the config loaded and every stream was refused 400 channel_invalid
+		{"unclosed placeholder", func(h *Handler) { h.Channels = []string{"user:{query.id"} }, "brace"},
+		{"stray closing brace", func(h *Handler) { h.Channels = []string{"a}"} }, "brace"},
+		{"empty placeholder", func(h *Handler) { h.Channels = []string{"a:{}"} }, "brace"},
+		{"escaped brace", func(h *Handler) { h.Channels = []string{`a\{b\}`} }, "brace"},
 		{"namespace with colon", func(h *Handler) { h.Namespace = "a:b" }, "namespace"},
 		{"namespace with brace", func(h *Handler) { h.Namespace = "a{" }, "namespace"},
 		{"history below event size", func(h *Handler) { h.HistoryBytes = h.MaxEventSize - 1 }, "history_bytes"},

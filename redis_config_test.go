@@ -98,6 +98,7 @@ func TestBadValuesNameFileAndLine(t *testing.T) {
 		{"writer", "writer bogus"},
 		{"fallback", "fallback remote"},
 		{"namespace", "namespace a:b"},
+		{"channel", "channel user:{query.id"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

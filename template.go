@@ -1,6 +1,7 @@
 package caddysse
 
 import (
+	"fmt"
 	"net/http"
 	"net/textproto"
 	"strings"
@@ -126,4 +127,35 @@ func (p templatePart) resolve(r *http.Request, repl *caddy.Replacer) (string, bo
 		}
 	}
 	return v, v != ""
+}
+
+// checkChannelTemplate refuses a channel template with a brace that does
+// not open or close a placeholder ("user:{query.id", a typo, or an escaped
+// brace): no channel name may hold one (SPEC S1), so the config would load
+// and refuse every stream with 400 channel_invalid.
+func checkChannelTemplate(tmpl string) error {
+	if !placeholderBraces(tmpl) {
+		return fmt.Errorf("channel %q: every brace must open or close a placeholder (a channel name cannot hold one)", tmpl)
+	}
+	return nil
+}
+
+// placeholderBraces reports whether every brace of s opens or closes a
+// placeholder, none empty, nested or escaped.
+func placeholderBraces(s string) bool {
+	if strings.Contains(s, `\{`) || strings.Contains(s, `\}`) {
+		return false
+	}
+	open := -1 // where the placeholder being read began
+	for i := 0; i < len(s); i++ {
+		switch {
+		case s[i] == '{' && open < 0:
+			open = i
+		case s[i] == '}' && open >= 0 && i > open+1:
+			open = -1
+		case s[i] == '{' || s[i] == '}':
+			return false
+		}
+	}
+	return open < 0
 }
