@@ -131,7 +131,13 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, name string) err
 	case "slow_client_timeout":
 		return oneDuration(d, &h.SlowClientTimeout)
 	case "principal":
-		return oneString(d, &h.Principal)
+		if err := oneString(d, &h.Principal); err != nil {
+			return err
+		}
+		if err := checkPrincipalTemplate(h.Principal); err != nil {
+			return d.Err(err.Error())
+		}
+		return nil
 	case "max_connections":
 		return oneInt(d, &h.MaxConnections)
 	case "max_connections_per_principal":

@@ -446,6 +446,9 @@ func (h *Handler) Validate() error {
 	if h.Principal != "" && strings.TrimSpace(h.Principal) == "" {
 		return errors.New("principal: empty template")
 	}
+	if err := checkPrincipalTemplate(h.Principal); err != nil {
+		return err
+	}
 	switch h.Writer {
 	case "", writerNetHTTP, writerTakeover:
 	default:

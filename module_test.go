@@ -41,6 +41,8 @@ func TestValidate(t *testing.T) {
 		{"negative max_connections", func(h *Handler) { h.MaxConnections = -1 }, "max_connections"},
 		{"unknown rejections mode", func(h *Handler) { h.Rejections = "silent" }, "rejections"},
 		{"blank principal", func(h *Handler) { h.Principal = " " }, "principal"},
+		// every client resolved to the literal text: one principal, one cap
+		{"unclosed principal placeholder", func(h *Handler) { h.Principal = "{query.user" }, "brace"},
 		{"negative lease_ttl", func(h *Handler) { h.LeaseTTL = -1 }, "lease_ttl"},
 	}
 	for _, tc := range cases {

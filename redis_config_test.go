@@ -99,6 +99,7 @@ func TestBadValuesNameFileAndLine(t *testing.T) {
 		{"fallback", "fallback remote"},
 		{"namespace", "namespace a:b"},
 		{"channel", "channel user:{query.id"},
+		{"principal", "principal {query.user"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

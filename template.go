@@ -140,6 +140,17 @@ func checkChannelTemplate(tmpl string) error {
 	return nil
 }
 
+// checkPrincipalTemplate refuses a principal template with a brace that
+// does not open or close a placeholder: "{query.user" (a typo) resolved to
+// itself for every request, so every client was one principal, sharing one
+// cap and one throttle.
+func checkPrincipalTemplate(tmpl string) error {
+	if !placeholderBraces(tmpl) {
+		return fmt.Errorf("principal %q: every brace must open or close a placeholder (a typo would make every client one principal)", tmpl)
+	}
+	return nil
+}
+
 // placeholderBraces reports whether every brace of s opens or closes a
 // placeholder, none empty, nested or escaped.
 func placeholderBraces(s string) bool {
