@@ -185,7 +185,7 @@ func addClusterCounts(ctx context.Context, counter pubsub.LeaseCounter, stats []
 	}
 	ctx, cancel := context.WithTimeout(ctx, clusterCountTimeout)
 	defer cancel()
-	counts, err := counter.Counts(ctx, names)
+	counts, err := countsWithin(ctx, counter, names)
 	if err != nil {
 		return err.Error()
 	}
@@ -195,6 +195,28 @@ func addClusterCounts(ctx context.Context, counter pubsub.LeaseCounter, stats []
 		}
 	}
 	return ""
+}
+
+// countsWithin asks for the counts until ctx ends. go-redis waits out its
+// read timeout (5 s by default) on a Redis that hangs, whatever the
+// context says: the stats answer in time with what this instance knows,
+// and the question ends on its own.
+func countsWithin(ctx context.Context, counter pubsub.LeaseCounter, names []string) (map[string]int, error) {
+	type answer struct {
+		counts map[string]int
+		err    error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		counts, err := counter.Counts(ctx, names)
+		done <- answer{counts, err}
+	}()
+	select {
+	case a := <-done:
+		return a.counts, a.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("counting leases: %w", ctx.Err())
+	}
 }
 
 // Interface guards

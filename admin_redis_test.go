@@ -261,3 +261,24 @@ func TestStatsLeaveOutTheInternalThrottleChannel(t *testing.T) {
 		t.Fatalf("channels %d, top %+v; want only a", hs.Channels, hs.TopChannels)
 	}
 }
+
+// /sse/stats answers within its bound on the cluster-wide counts (2 s)
+// while Redis hangs, with this instance's counts and a cluster_error: it
+// took go-redis' read timeout (5 s), past the timeouts of a monitor that
+// polls it, just when Redis misbehaves.
+func TestStatsAnswerInTimeWhileRedisHangs(t *testing.T) {
+	rds := redistest.Start(t)
+	srv, admin := startCaddyWithAdmin(t, cappedRetryNowSite("redis "+rds.URL()))
+	c := srv.subscribe("/events?user=u", nil)
+	c.comment("ok")
+	rds.Pause()
+	defer rds.Resume()
+	start := time.Now()
+	_, got := getStats(t, admin+"/sse/stats")
+	if took := time.Since(start); took > clusterCountTimeout+time.Second {
+		t.Errorf("the stats took %v", took)
+	}
+	if len(got.Hubs) != 1 || got.Hubs[0].OpenStreams != 1 || got.Hubs[0].ClusterError == "" {
+		t.Fatalf("stats %+v, want the stream counted here and a cluster_error", got)
+	}
+}
