@@ -135,11 +135,9 @@ func (c *RedisConfig) redisOptions() (pubsub.RedisOptions, error) {
 		ReadTimeout: time.Duration(c.ReadTimeout), WriteTimeout: time.Duration(c.WriteTimeout),
 		MaxRetries: c.MaxRetries, MinRetryBackoff: time.Duration(c.MinRetryBackoff),
 		MaxRetryBackoff: time.Duration(c.MaxRetryBackoff), CheckInterval: time.Duration(c.CheckInterval),
-		Username: repl.ReplaceKnown(c.Username, ""),
-		Password: repl.ReplaceKnown(c.Password, ""),
-
-		SentinelUsername: repl.ReplaceKnown(c.SentinelUsername, ""),
-		SentinelPassword: repl.ReplaceKnown(c.SentinelPassword, ""),
+	}
+	if err := c.applyCredentials(&opts, repl); err != nil {
+		return opts, err
 	}
 	for _, a := range c.Addresses {
 		opts.Addrs = append(opts.Addrs, repl.ReplaceKnown(a, ""))
@@ -159,6 +157,26 @@ func (c *RedisConfig) redisOptions() (pubsub.RedisOptions, error) {
 		return opts, err
 	}
 	return opts, validateRedisOptions(opts)
+}
+
+// applyCredentials resolves the placeholders of the credentials. One given
+// that resolves to nothing (an unset {env.REDIS_PASSWORD}) is an error, as
+// for the URL: connecting without it would fail later, and far less
+// clearly (every stream and publish refused 503, NOAUTH).
+func (c *RedisConfig) applyCredentials(opts *pubsub.RedisOptions, repl *caddy.Replacer) error {
+	for _, cred := range []struct {
+		name     string
+		raw      string
+		resolved *string
+	}{{"username", c.Username, &opts.Username}, {"password", c.Password, &opts.Password},
+		{"sentinel_username", c.SentinelUsername, &opts.SentinelUsername},
+		{"sentinel_password", c.SentinelPassword, &opts.SentinelPassword}} {
+		*cred.resolved = repl.ReplaceKnown(cred.raw, "")
+		if cred.raw != "" && strings.TrimSpace(*cred.resolved) == "" {
+			return fmt.Errorf("redis: %s is empty (is its environment variable set?)", cred.name)
+		}
+	}
+	return nil
 }
 
 // applyURL takes the address, credentials, database and TLS of a URL;

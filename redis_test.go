@@ -155,6 +155,9 @@ func TestRedisConfigErrors(t *testing.T) {
 		// a password with an unescaped %: the error must not show it
 		{"malformed url with a password", "redis redis://app:p%ssw0rd-SECRET@127.0.0.1:6379/0", "malformed URL"},
 		{"unset url variable", "redis {env.CADDY_SSE_TEST_UNSET_REDIS_URL}", "URL is empty"},
+		// it connected without a password: every stream and publish was refused 503
+		{"unset password variable", "redis {\n\t\t\turl redis://127.0.0.1:1\n\t\t\tpassword {env.CADDY_SSE_TEST_UNSET_REDIS_PASSWORD}\n\t\t}", "password is empty"},
+		{"unset sentinel password variable", "redis {\n\t\t\taddresses 127.0.0.1:1\n\t\t\tsentinel m\n\t\t\tsentinel_password {env.CADDY_SSE_TEST_UNSET_REDIS_PASSWORD}\n\t\t}", "sentinel_password is empty"},
 		{"address without port", "redis {\n\t\t\taddresses localhost\n\t\t}", "not host:port"},
 		{"cluster with db", "redis {\n\t\t\taddresses 127.0.0.1:1 127.0.0.1:2\n\t\t\tdb 2\n\t\t}", "only database 0"},
 		{"sentinel password without sentinel", "redis {\n\t\t\taddresses 127.0.0.1:1\n\t\t\tsentinel_password x\n\t\t}", "need sentinel"},
