@@ -577,3 +577,62 @@ func TestClientLeavingDuringALongBatchIsNotThrottled(t *testing.T) {
 		t.Fatalf("the client was throttled for leaving during a long batch: %d %s", resp.StatusCode, body)
 	}
 }
+
+// A client behind for a moment when a reload tells its stream to close —
+// its socket full, but it reads again at once — gets what the socket held
+// and then server_closing (SPEC S8; what was still queued is not written):
+// the last words wait for the socket within lastWordsTimeout, as on
+// net/http, rather than being dropped because it was full when the close
+// came.
+func TestAReloadTellsAClientBehindForAMomentServerClosing(t *testing.T) {
+	sites := `
+:{PORT} {
+	sse /events {
+		channel a
+		queue 5000
+		max_event_size 16KiB
+		queue_bytes 256MiB
+		history 100000
+		history_bytes 512MiB
+		slow_client_timeout 30s
+		throttle off
+		heartbeat off
+		close_jitter off
+		publish {
+			secret ` + testSecret + `
+		}
+	}
+}
+`
+	srv := startCaddy(t, sites)
+	c, tap := openValved(t, srv.base+"/events", smallReceiveBuffer())
+	probe := srv.subscribe("/events", nil) // reads along: tells when the close came
+	srv.publish("/events", map[string]any{"channel": "a", "data": "warm"})
+	if ev := c.next(); ev.Data != "warm" {
+		t.Fatalf("got %+v", ev)
+	}
+	tap.stall()
+	const events = 300
+	srv.publishConcurrently(strings.Repeat("x", 16000), events, 4) // ~4.8 MB: more than the sockets hold
+	time.Sleep(500 * time.Millisecond)                             // the socket is full
+	reloaded := make(chan struct{})
+	go func() {
+		defer close(reloaded)
+		srv.reload(sites)
+	}()
+	for ev := probe.next(); ev.Type != "server_closing"; ev = probe.next() {
+	}
+	tap.resume() // the stalled stream was told in the same breath
+	got := 0
+	for ev := range c.events {
+		switch {
+		case ev.Type == "server_closing":
+			<-reloaded
+			return
+		case ev.Type == "message":
+			got++
+		}
+	}
+	<-reloaded
+	t.Fatalf("the stream ended after %d of %d events without server_closing", got, events+1)
+}

@@ -191,7 +191,10 @@ func (cw *connWriter) WriteLast(p []byte) error {
 func (cw *connWriter) MayBlock() bool { return true }
 
 // end writes what is buffered and the last chunk of the body.
-func (cw *connWriter) end() error { return cw.sendAll([]byte("0\r\n\r\n"), lastWordsTimeout) }
+func (cw *connWriter) end() error { return cw.sendAll(lastChunk, lastWordsTimeout) }
+
+// lastChunk ends a chunked body.
+var lastChunk = []byte("0\r\n\r\n")
 
 // sendAll sends the framed bytes, the body as a chunk, then tail.
 func (cw *connWriter) sendAll(tail []byte, timeout time.Duration) error {

@@ -42,7 +42,7 @@ var errStopping = errors.New("the server is stopping")
 // goroutine is only shut down: the goroutine may be in the middle of a
 // write(2) on its descriptor, and a descriptor closed under it could be
 // given to a new connection that would then receive this stream's bytes;
-// and a TLS stream told to close would be lent again (closeTLS), a second
+// and a TLS stream told to close would be lent again (closeOnGoroutine), a second
 // goroutine writing through the first one's writer and connection. Its
 // write fails at once instead, and the goroutine ends it (giveBack).
 func (l *pollLoop) endAll() {

@@ -96,20 +96,27 @@ func (l *pollLoop) service(s *stream) {
 }
 
 // close ends a stream told to close: server_closing (or the slow-client
-// comment) and the end of the body, if the socket takes them at once.
+// comment) and the end of the body. What its socket does not take at once
+// (it was full when the close came, or fills) is written on a goroutine
+// within lastWordsTimeout, as on net/http: a client behind for a moment
+// still gets its last words (SPEC S8).
 func (l *pollLoop) close(s *stream, n *closeNotice) {
 	tk := s.tk.Load()
-	if tk.tls != nil {
-		l.closeTLS(s, n)
+	if tk.tls != nil || len(tk.pending) > 0 {
+		l.closeOnGoroutine(s, n) // crypto/tls writes block; a full socket waits
 		return
 	}
-	if len(tk.pending) == 0 {
-		lent := l.lendScratch(s)
-		_ = s.writeClosing(n)
-		l.takeScratch(s, lent)
-		if len(tk.pending) == 0 { // else the end would land inside the unsent chunk
-			_ = tk.send([]byte("0\r\n\r\n"))
-		}
+	lent := l.lendScratch(s)
+	_ = s.writeClosing(n)
+	l.takeScratch(s, lent)
+	if len(tk.pending) > 0 { // the end must follow the unsent part
+		tk.pending = append(tk.pending, lastChunk...)
+	} else {
+		_ = tk.send(lastChunk)
+	}
+	if len(tk.pending) > 0 {
+		l.closeOnGoroutine(s, nil) // what is said, the goroutine sends
+		return
 	}
 	l.end(s, nil)
 }
@@ -140,13 +147,18 @@ func (l *pollLoop) takeScratch(s *stream, lent bool) {
 	}
 }
 
-// closeTLS writes a TLS stream's last words on a goroutine, which then
-// gives the stream back to the loop to end.
-func (l *pollLoop) closeTLS(s *stream, n *closeNotice) {
+// closeOnGoroutine writes a stream's last words on a goroutine, after
+// what its socket has not taken, then gives the stream back to the loop to
+// end. With n nil, its last words are in what the socket has not taken.
+func (l *pollLoop) closeOnGoroutine(s *stream, n *closeNotice) {
 	tk := s.tk.Load()
 	l.lend(s)
 	go func() {
-		_ = tk.sayClosing(s, n)
+		if n != nil {
+			_ = tk.sayClosing(s, n)
+		} else {
+			_ = tk.bw.sendAll(nil, lastWordsTimeout)
+		}
 		l.giveBack(slowResult{s: s, end: true})
 	}()
 }

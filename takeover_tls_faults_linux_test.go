@@ -68,7 +68,7 @@ func tlsPair(t *testing.T) (*net.TCPConn, *tls.Conn, *tls.Conn) {
 
 // When the loops stop (a stop, or a reload to a config without `writer
 // takeover`), endAll ends a TLS stream that is lent to a goroutine and was
-// told to close by calling close, which lends it again (closeTLS): a second
+// told to close by calling close, which lends it again (closeOnGoroutine): a second
 // goroutine then writes its server_closing through the same connWriter and
 // TLS connection while the first one still writes its batch. Here the
 // first goroutine's write waits for a client that does not read (a catch-up
