@@ -417,3 +417,58 @@ func TestLargestEventIsDeliveredAndKept(t *testing.T) {
 		})
 	}
 }
+
+// A stalled client whose missed events are no longer all in the history
+// when it reads again gets what it was written, then the end of the body
+// (the last chunk): its stream ends because of the gap, not because the
+// connection broke, on either writer. A reader of the body sees EOF, not an
+// unexpected EOF, and its reconnect is told it was truncated.
+func TestStreamEndedByAHistoryGapEndsItsBody(t *testing.T) {
+	srv := startCaddy(t, `
+:{PORT} {
+	sse /events {
+		channel a
+		queue 5
+		max_event_size 2KiB
+		queue_bytes 8KiB
+		history 10
+		slow_client_timeout 2m
+		heartbeat off
+		publish {
+			secret `+testSecret+`
+		}
+	}
+}
+`)
+	dialer := &net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		return c.Control(func(fd uintptr) {
+			_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+		})
+	}}
+	client := &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext}}
+	resp, err := client.Get(srv.base + "/events")
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("GET: %v", err)
+	}
+	defer resp.Body.Close()
+	// 8 MiB, not read meanwhile: more than the sockets hold, so the queue
+	// overflows and the history (10 events) no longer covers the gap
+	srv.publishConcurrently(strings.Repeat("x", 1000), 8<<10, 4)
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading the stream: %v after %d bytes, ending %q", err, len(body), body[max(0, len(body)-80):])
+	}
+	last := ""
+	for _, line := range strings.Split(string(body), "\n") {
+		if id, ok := strings.CutPrefix(line, "id: "); ok {
+			last = id
+		}
+	}
+	if last == "" {
+		t.Fatal("no event was written before the end")
+	}
+	again := srv.subscribe("/events", header("Last-Event-ID", last))
+	if again.resp.Header.Get("X-Replay-Truncated") != "true" {
+		t.Fatalf("the reconnect after the gap was not told it was truncated")
+	}
+}

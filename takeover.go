@@ -110,13 +110,24 @@ func (h *Handler) adoptTLS(s *stream, conn net.Conn) net.Conn {
 // (which wrote its last words if it was told to close): the end of the
 // chunked body, and the connection.
 func (s *stream) endConn(conn net.Conn, cw *connWriter, err error) {
-	if err == nil {
-		err = cw.end()
+	if err == nil || endsItsBody(err) {
+		if endErr := cw.end(); err == nil {
+			err = endErr
+		}
 	}
 	s.releaseAdmission() // before the client sees the end: it may come back at once
 	_ = conn.Close()
 	s.finish(context.Background(), err)
 	s.release()
+}
+
+// endsItsBody tells whether a stream that ended with err ends its chunked
+// body first, as net/http does when the handler returns: it ended because
+// of its history, not because a write failed, and its client should get
+// what it was written before the end, and a body that ends (not an
+// unexpected EOF).
+func endsItsBody(err error) bool {
+	return errors.Is(err, errHistoryGap) || errors.Is(err, errHistoryRewritten)
 }
 
 // serveHijacked serves a taken-over stream whose connection the event loop

@@ -317,3 +317,29 @@ func TestLoopStoppingSaysTheLastWordsOfAStreamToldToClose(t *testing.T) {
 		t.Fatalf("the stream ended with %q, without its server_closing", got)
 	}
 }
+
+// A stream whose history was rewritten (a failover) ends on the loop as on
+// net/http: what it wrote of its batch before the event that contradicts
+// it, then the end of its body; not a connection cut mid-body with those
+// events dropped.
+func TestLoopStreamEndedByItsHistoryEndsItsBody(t *testing.T) {
+	for _, ring := range []bool{false, true} {
+		t.Run(fmt.Sprintf("io_uring=%v", ring), func(t *testing.T) {
+			l, h := testLoop(t, ring), loopTestHandler()
+			fd, peer := socketPair(t)
+			s := newStream(h, []string{"a"})
+			s.cursor[0].Pos = replay.Position{Epoch: 1, Seq: 1, Time: 100}
+			l.adopt(s, &tconn{loop: l, fd: int32(fd)})
+			s.Deliver(0, event(2, 200, "WRITTEN-BEFORE"))
+			s.Deliver(0, event(2, 300, "rewritten"))
+			l.serviceReady()
+			if !s.tk.Load().ended.Load() {
+				t.Fatal("the stream did not end")
+			}
+			body := decodeChunks(t, readUntil(t, peer, "0\r\n\r\n"))
+			if !strings.Contains(body, "data: WRITTEN-BEFORE\n") || strings.Contains(body, "rewritten") {
+				t.Fatalf("body %q", body)
+			}
+		})
+	}
+}

@@ -90,6 +90,8 @@ func (l *pollLoop) service(s *stream) {
 		// told to close between two events (a reload): what it wrote of
 		// the batch goes out with server_closing, as on net/http (run)
 		l.close(s, s.closing.Load())
+	case endsItsBody(err):
+		l.endBody(s, err)
 	case err != nil:
 		l.end(s, err)
 	}
@@ -103,22 +105,36 @@ func (l *pollLoop) service(s *stream) {
 func (l *pollLoop) close(s *stream, n *closeNotice) {
 	tk := s.tk.Load()
 	if tk.tls != nil || len(tk.pending) > 0 {
-		l.closeOnGoroutine(s, n) // crypto/tls writes block; a full socket waits
+		l.closeOnGoroutine(s, n, nil) // crypto/tls writes block; a full socket waits
 		return
 	}
 	lent := l.lendScratch(s)
 	_ = s.writeClosing(n)
 	l.takeScratch(s, lent)
+	l.endBody(s, nil)
+}
+
+// endBody ends a cleartext stream with err after what it wrote and did not
+// flush, and the last chunk of its body. What the socket does not take at
+// once goes out on a goroutine, after what it held, within
+// lastWordsTimeout.
+func (l *pollLoop) endBody(s *stream, err error) {
+	tk := s.tk.Load()
+	if len(tk.pending) == 0 {
+		_ = s.out.Flush()
+	} else if at := l.chunkAt + chunkHeadroom; len(l.chunk) > at {
+		tk.pending = appendChunk(tk.pending, l.chunk[at:]) // it follows what the socket holds
+	}
 	if len(tk.pending) > 0 { // the end must follow the unsent part
 		tk.pending = append(tk.pending, lastChunk...)
 	} else {
 		_ = tk.send(lastChunk)
 	}
 	if len(tk.pending) > 0 {
-		l.closeOnGoroutine(s, nil) // what is said, the goroutine sends
+		l.closeOnGoroutine(s, nil, err) // its last bytes are all in pending
 		return
 	}
-	l.end(s, nil)
+	l.end(s, err)
 }
 
 // lendScratch lends the loop's formatting buffer and cursor encoder to a
@@ -149,8 +165,9 @@ func (l *pollLoop) takeScratch(s *stream, lent bool) {
 
 // closeOnGoroutine writes a stream's last words on a goroutine, after
 // what its socket has not taken, then gives the stream back to the loop to
-// end. With n nil, its last words are in what the socket has not taken.
-func (l *pollLoop) closeOnGoroutine(s *stream, n *closeNotice) {
+// end with err. With n nil, its last words and the end of its body are in
+// what the socket has not taken.
+func (l *pollLoop) closeOnGoroutine(s *stream, n *closeNotice, err error) {
 	tk := s.tk.Load()
 	l.lend(s)
 	go func() {
@@ -159,7 +176,7 @@ func (l *pollLoop) closeOnGoroutine(s *stream, n *closeNotice) {
 		} else {
 			_ = tk.bw.sendAll(nil, lastWordsTimeout)
 		}
-		l.giveBack(slowResult{s: s, end: true})
+		l.giveBack(slowResult{s: s, err: err, end: true})
 	}()
 }
 
@@ -177,6 +194,9 @@ func (l *pollLoop) slow(s *stream, batch []queued, overflowed bool) {
 			// server_closing, as on net/http (run)
 			l.giveBack(slowResult{s: s, err: tk.sayClosing(s, n), end: true})
 			return
+		}
+		if endsItsBody(err) {
+			_ = tk.bw.end() // what it wrote, then the end of the body
 		}
 		l.giveBack(slowResult{s: s, err: err})
 	}()
