@@ -42,16 +42,19 @@ var errStopping = errors.New("the server is stopping")
 // goroutine is only shut down: the goroutine may be in the middle of a
 // write(2) on its descriptor, and a descriptor closed under it could be
 // given to a new connection that would then receive this stream's bytes;
-// and a TLS stream told to close would be lent again (closeOnGoroutine), a second
-// goroutine writing through the first one's writer and connection. Its
-// write fails at once instead, and the goroutine ends it (giveBack).
+// and a TLS stream told to close would be lent again (closeOnGoroutine), a
+// second goroutine writing through the first one's writer and connection.
+// Its write fails at once instead, and the goroutine ends it (giveBack).
 func (l *pollLoop) endAll() {
 	l.mu.Lock()
 	l.stopped = true
-	for _, r := range l.returned {
-		r.s.tk.Load().busy.Store(false) // done with its goroutine: ended below
-	}
-	l.returned = nil
+	l.mu.Unlock()
+	// given back before the stop: taken back as the loop would, so that one
+	// whose goroutine ended it (its last words said, or a write failed) is
+	// only ended, and the others are written by the loop again, not through
+	// their goroutine's writer
+	l.takeReturned()
+	l.mu.Lock()
 	streams := make([]*stream, 0, len(l.byToken))
 	for _, s := range l.byToken {
 		if tk := s.tk.Load(); tk.busy.Load() {
@@ -64,7 +67,7 @@ func (l *pollLoop) endAll() {
 	for _, s := range streams {
 		if n := s.closing.Load(); n != nil {
 			// told to close, not serviced yet (run took the stop before
-			// the kick): its last words, if its socket takes them now
+			// the kick): its last words
 			l.close(s, n)
 			continue
 		}

@@ -343,3 +343,31 @@ func TestLoopStreamEndedByItsHistoryEndsItsBody(t *testing.T) {
 		})
 	}
 }
+
+// A stream whose goroutine said its last words (server_closing and the end
+// of the body) and gave it back just before the loop stopped is only
+// ended by the stop: it is not told server_closing a second time, after the
+// end of its body, where its client would take the bytes for the start of
+// another response.
+func TestLoopStoppingDoesNotSayTheLastWordsOfAStreamGivenBackTwice(t *testing.T) {
+	l, h := testLoop(t, false), loopTestHandler()
+	fd, peer := socketPair(t)
+	s := newStream(h, []string{"a"})
+	l.adopt(s, &tconn{loop: l, fd: int32(fd)})
+	l.serviceReady()
+	s.Deliver(0, event(1, 1, "x"))
+	batch, _ := s.take()
+	s.close(&closeNotice{reason: "reload"})
+	l.slow(s, batch, false) // says server_closing and ends the body, on its goroutine
+	waitReturned(t, l)
+	l.endAll() // before the loop took it back
+	got := readUntil(t, peer, "0\r\n\r\n")
+	time.Sleep(100 * time.Millisecond)
+	got += readAvailable(peer)
+	if body := decodeChunks(t, got); strings.Count(body, "event: server_closing") != 1 {
+		t.Fatalf("body %q", body)
+	}
+	if !s.tk.Load().ended.Load() {
+		t.Fatal("the stream was not ended")
+	}
+}
