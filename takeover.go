@@ -289,12 +289,3 @@ func acquireLoops() (*loopSet, error) {
 func releaseLoops() {
 	_, _ = loopsPool.Delete(loopsKey)
 }
-
-// endDetached ends a stream whose connection was lost while it was handed
-// over (the loop could not take it).
-func (s *stream) endDetached(err error) {
-	go func() {
-		s.finish(context.Background(), err)
-		s.release()
-	}()
-}

@@ -89,9 +89,14 @@ func (l *pollLoop) shutdown() {
 	l.mu.Lock()
 	l.closed = true
 	l.mu.Unlock()
-	close(l.stop)
+	// the eventfd is made readable before stop is closed: once stop is
+	// closed, poll may return for another event and endAll close the
+	// eventfd, and a write after that would go to whatever the kernel gave
+	// its number to since (a client's socket). poll passes the wake-up on
+	// until it sees stop closed.
 	var one = [8]byte{1}
 	_, _ = unix.Write(l.wakefd, one[:]) // wakes poll out of epoll_wait
+	close(l.stop)
 	select {
 	case <-l.done:
 	case <-time.After(5 * time.Second):

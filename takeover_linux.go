@@ -282,8 +282,11 @@ func (l *pollLoop) adopt(s *stream, tk *tconn) {
 	l.lastToken++
 	tk.token = l.lastToken
 	l.byToken[tk.token] = s
-	l.mu.Unlock()
 	l.count.Add(1)
+	// added under the lock: endAll, which ends every stream of byToken
+	// (closing its descriptor), must not end this one between the two, or
+	// this would add a closed descriptor, or one the kernel has given to
+	// a new connection meanwhile, to the epoll instance
 	ev := tk.event(unix.EPOLLIN | unix.EPOLLRDHUP)
 	if err := epollAddRaw(l.epfd, fd, &ev); err != nil {
 		// the loop ends it: it may be writing or ending it already (the
@@ -291,6 +294,7 @@ func (l *pollLoop) adopt(s *stream, tk *tconn) {
 		// stream must end once
 		tk.unwatched.Store(&err)
 	}
+	l.mu.Unlock()
 	tk.adopting.Store(false)
 	l.schedule(s) // whatever was queued while the stream started, or its end
 }
@@ -438,11 +442,11 @@ func (l *pollLoop) run() {
 // waiting until it has handled them (level-triggered events would come
 // back otherwise).
 //
-// It ends once the loop is stopped: shutdown closes stop, then makes the
-// eventfd readable, which it leaves so (level-triggered: every
-// epoll_wait returns at once from then on), and endAll waits for poll to
-// have ended before it closes the descriptors poll waits on (closing an
-// epoll instance does not wake a thread blocked on it).
+// It ends once the loop is stopped: shutdown makes the eventfd readable,
+// which it leaves so (level-triggered: every epoll_wait returns at once
+// from then on), then closes stop; endAll waits for poll to have ended
+// before it closes the descriptors poll waits on (closing an epoll
+// instance does not wake a thread blocked on it).
 func (l *pollLoop) poll() {
 	defer close(l.polled)
 	buf := make([]unix.EpollEvent, 256)
