@@ -314,12 +314,19 @@ func (c *h2Raw) write(f func(fr *http2.Framer) error) {
 
 func (c *h2Raw) get(path string) uint32 {
 	c.t.Helper()
+	return c.getHeaders(path)
+}
+
+// getHeaders opens a GET stream of path with extra header fields.
+func (c *h2Raw) getHeaders(path string, extra ...[2]string) uint32 {
+	c.t.Helper()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	id := c.nextID
 	c.nextID += 2
 	c.encBuf.Reset()
-	for _, kv := range [][2]string{{":method", "GET"}, {":scheme", "http"}, {":authority", "x"}, {":path", path}} {
+	fields := append([][2]string{{":method", "GET"}, {":scheme", "http"}, {":authority", "x"}, {":path", path}}, extra...)
+	for _, kv := range fields {
 		_ = c.enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
 	}
 	if err := c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: c.encBuf.Bytes(), EndStream: true, EndHeaders: true}); err != nil {
@@ -331,7 +338,8 @@ func (c *h2Raw) get(path string) uint32 {
 // A stalled HTTP/2 stream (its client gives it no flow-control window)
 // does not hold up another stream on the same connection, and is ended
 // after slow_client_timeout with a reset of that stream alone: the
-// connection is not closed (no GOAWAY) and the other stream goes on.
+// connection is not closed (no GOAWAY) and the other stream goes on. The
+// stalled client is throttled.
 func TestStalledH2StreamOnSharedConnection(t *testing.T) {
 	srv := startCaddy(t, `
 :{PORT} {
@@ -460,6 +468,8 @@ func TestStalledH2StreamOnSharedConnection(t *testing.T) {
 			t.Fatal("the healthy stream got nothing after the stalled one was reset")
 		}
 	}
+	// the stalled client was slow: it is throttled
+	assertError(t, do(t, http.MethodGet, srv.base+"/events?channels=a", nil, ""), 429, "throttled")
 }
 
 // More streams than the server's MaxConcurrentStreams on one HTTP/2

@@ -20,6 +20,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
+	"golang.org/x/net/http2"
 
 	"github.com/caddy-sse/caddy-sse/pubsub"
 )
@@ -635,4 +636,70 @@ func TestAReloadTellsAClientBehindForAMomentServerClosing(t *testing.T) {
 	}
 	<-reloaded
 	t.Fatalf("the stream ended after %d of %d events without server_closing", got, events+1)
+}
+
+// The same on HTTP/2, where a passed write deadline resets the stream
+// unreported: a client that reads a long replay steadily (no write waits
+// near slow_client_timeout, though the batch writes for longer) and then
+// cancels its stream is not throttled. Each write and flush has a deadline
+// of its own, so only one that lasted the timeout can have been cut by it.
+func TestH2ClientLeavingDuringALongBatchIsNotThrottled(t *testing.T) {
+	srv := startCaddy(t, `
+:{PORT} {
+	sse /events {
+		channel {query.channels}
+		slow_client_timeout 2s
+		throttle 60s
+		history_bytes 64MiB
+		publish {
+			secret `+testSecret+`
+		}
+	}
+}
+`, h2cGlobals)
+	data := strings.Repeat("x", 32<<10)
+	first := srv.publish("/events", map[string]any{"channel": "big", "data": data})["big"]
+	for range 300 {
+		srv.publish("/events", map[string]any{"channel": "big", "data": data})
+	}
+	c := dialH2Raw(t, "127.0.0.1:"+itoa(srv.port), 32<<10)
+	id := c.getHeaders("/events?channels=big", [2]string{"last-event-id", first})
+	var got atomic.Int64
+	go func() {
+		for {
+			f, err := c.fr.ReadFrame()
+			if err != nil {
+				return
+			}
+			switch f := f.(type) {
+			case *http2.DataFrame:
+				got.Add(int64(len(f.Data())))
+			case *http2.SettingsFrame:
+				if !f.IsAck() {
+					c.write(func(fr *http2.Framer) error { return fr.WriteSettingsAck() })
+				}
+			}
+		}
+	}()
+	// grant 32 KiB of the stream's window every 20 ms (1.6 MB/s: about 6 s
+	// for the replay, one batch; no write waits near 2 s), and leave after
+	// 3 s
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
+		c.write(func(fr *http2.Framer) error { return fr.WriteWindowUpdate(id, 32<<10) })
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := got.Load(); n < 2<<20 || n > 8<<20 {
+		t.Fatalf("read %d bytes: the replay was not still being written", n)
+	}
+	c.write(func(fr *http2.Framer) error { return fr.WriteRSTStream(id, http2.ErrCodeCancel) })
+	time.Sleep(500 * time.Millisecond) // the stream ends, and would throttle
+	resp, err := http.Get(srv.base + "/events?channels=other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(resp.Body)
+		t.Fatalf("the client was throttled for leaving during a long batch: %d %s", resp.StatusCode, body)
+	}
 }

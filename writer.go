@@ -52,8 +52,9 @@ type httpStreamWriter struct {
 	// resets is set on HTTP/2 and HTTP/3, where a write deadline that
 	// passes resets the stream instead of being reported (classify)
 	resets bool
-	// began is when the writes since the last flush began: the clock is
-	// read once per batch, not per write.
+	// began is when the write or flush in progress began, noted only where
+	// classify needs it (resets): the clock is not read per write on
+	// HTTP/1 with Caddy's idle writer.
 	began time.Time
 	// hurryMu orders hurry (any goroutine) against end: a deadline that
 	// hurry set after the stream ended would linger on the connection's
@@ -120,36 +121,31 @@ func (sw *httpStreamWriter) conn() *http.ResponseController {
 func (sw *httpStreamWriter) MayBlock() bool { return true }
 
 func (sw *httpStreamWriter) Write(p []byte) error {
-	sw.beginWrite()
+	sw.beginCall()
 	_, err := sw.w.Write(p)
 	return sw.classify(err)
 }
 
-// beginWrite notes when the first write since the last flush began and,
-// without Caddy's idle writer, sets the deadline of this write.
-func (sw *httpStreamWriter) beginWrite() {
-	if !sw.manual {
-		if sw.began.IsZero() {
-			sw.began = time.Now()
-		}
+// beginCall notes when a write or flush begins, where classify needs it,
+// and, without Caddy's idle writer, sets its deadline. Each call has a
+// deadline of its own (Caddy's idle writer arms one per call too), so only
+// a call that lasted the timeout can have been cut by it.
+func (sw *httpStreamWriter) beginCall() {
+	if !sw.manual && !sw.resets {
 		return
 	}
 	now := time.Now()
-	if sw.began.IsZero() {
-		sw.began = now
+	sw.began = now
+	if sw.manual {
+		_ = sw.rc.SetWriteDeadline(now.Add(sw.timeout))
 	}
-	_ = sw.rc.SetWriteDeadline(now.Add(sw.timeout))
 }
 
 func (sw *httpStreamWriter) Flush() error {
-	if sw.began.IsZero() {
-		sw.began = time.Now()
-	}
-	defer func() { sw.began = time.Time{} }()
+	sw.beginCall()
 	if !sw.manual {
 		return sw.classify(sw.rc.Flush())
 	}
-	_ = sw.rc.SetWriteDeadline(time.Now().Add(sw.timeout))
 	err := sw.rc.Flush()
 	// HTTP/2 arms a timer for a write deadline that resets the stream even
 	// with no write in flight; clear it between writes.
@@ -175,10 +171,10 @@ func (sw *httpStreamWriter) WriteLast(p []byte) error {
 
 // classify marks an error as a slow write when the write deadline ended it:
 // HTTP/1 reports the deadline, but HTTP/2 resets the stream when it passes,
-// so there a write that failed once its batch had been writing for (nearly)
-// the whole timeout counts too. Not on HTTP/1: a client that reads slowly
-// but steadily through a long batch, then leaves, was not slow (no write
-// waited the timeout) and must not be throttled.
+// so there a call that failed after (nearly) the whole timeout counts too.
+// The call's, not its batch's: a client that reads slowly but steadily
+// through a long batch, then leaves, was not slow (no call waited the
+// timeout) and must not be throttled.
 func (sw *httpStreamWriter) classify(err error) error {
 	if err == nil {
 		return nil
