@@ -10,7 +10,6 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -240,12 +239,7 @@ func TestStalledClientCatchesUpWithoutHole(t *testing.T) {
 	}
 }
 `)
-	dialer := &net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
-		return c.Control(func(fd uintptr) {
-			_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
-		})
-	}}
-	client := &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext}}
+	client := smallReceiveBuffer()
 	c := openStreamGated(t, srv.base+"/events", client)
 
 	// 24 MiB: several times what the server's send buffer (at most
@@ -440,12 +434,7 @@ func TestStreamEndedByAHistoryGapEndsItsBody(t *testing.T) {
 	}
 }
 `)
-	dialer := &net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
-		return c.Control(func(fd uintptr) {
-			_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
-		})
-	}}
-	client := &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext}}
+	client := smallReceiveBuffer()
 	resp, err := client.Get(srv.base + "/events")
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("GET: %v", err)

@@ -390,24 +390,7 @@ func TestRedisSentinelWithPasswords(t *testing.T) {
 // id is answered as truncated, then gets the new events.
 func TestRedisFailoverLosingAnEventIsTruncation(t *testing.T) {
 	s := redistest.StartSentinel(t)
-	srv := startCaddy(t, `
-:{PORT} {
-	sse /events {
-		channel {query.channels}
-		redis {
-			addresses `+s.Sentinel.Addr()+`
-			sentinel `+s.Master+`
-			dial_timeout 300ms
-			read_timeout 1s
-			write_timeout 1s
-			check_interval 300ms
-		}
-		publish {
-			secret `+testSecret+`
-		}
-	}
-}
-`)
+	srv := startCaddy(t, sentinelSite(s))
 	c := srv.subscribe("/events?channels=f", nil)
 	s.Primary.WaitShardSubscribers(t, "sse:{f}", 1)
 	srv.publish("/events", map[string]any{"channel": "f", "data": "kept"})

@@ -230,18 +230,7 @@ func TestManualSlotMigrationUnderLoad(t *testing.T) {
 	for _, n := range cluster.Nodes {
 		n.MustCLI("FUNCTION", "LOAD", "REPLACE", RedisFunctions())
 	}
-	opts := RedisOptions{Addrs: cluster.Addrs(), CheckInterval: 300 * time.Millisecond}
-	pub, _ := newRedisHub(t, opts)
-	sub, subBroker := newRedisHub(t, opts)
-	slot := 100
-	channel := channelInSlot(t, slot)
-	key := "sse:{" + channel + "}"
-	from := cluster.NodeOfSlot(t, slot)
-	to := otherPrimary(cluster, from)
-	rec := newRedisRecorder()
-	defer sub.Subscribe(rec, []string{channel}).Close()
-	from.WaitShardSubscribers(t, key, 1)
-	waitSynced(t, subBroker, channel)
+	pub, rec, slot, channel, key, from, to := followChannelInSlot(t, cluster, 100)
 
 	p := startSteadyPublisher(pub, channel)
 	p.waitMore(t, 20)
@@ -589,18 +578,7 @@ func ssubscribes(node *redistest.Server) int {
 // primary), and the channel's events still reach the follower.
 func TestCheckOfAChannelWhoseKeysMigratedDoesNotResubscribeInALoop(t *testing.T) {
 	cluster := redistest.StartCluster(t, 3)
-	opts := RedisOptions{Addrs: cluster.Addrs(), CheckInterval: 300 * time.Millisecond}
-	pub, _ := newRedisHub(t, opts)
-	sub, subBroker := newRedisHub(t, opts)
-	slot := 100
-	channel := channelInSlot(t, slot)
-	key := "sse:{" + channel + "}"
-	from := cluster.NodeOfSlot(t, slot)
-	to := otherPrimary(cluster, from)
-	rec := newRedisRecorder()
-	defer sub.Subscribe(rec, []string{channel}).Close()
-	from.WaitShardSubscribers(t, key, 1)
-	waitSynced(t, subBroker, channel)
+	pub, rec, slot, channel, _, from, to := followChannelInSlot(t, cluster, 100)
 	publishTo(t, pub, channel, "before")
 	rec.waitFor(t, 0, 1)
 
@@ -678,4 +656,24 @@ func TestShardOfAPrimaryThatServesSlotsAgainAfterAMinute(t *testing.T) {
 	spare.WaitShardSubscribers(t, key, 1)
 	publishTo(t, pub, channel, "on the spare again")
 	rec.waitFor(t, 0, 3)
+}
+
+// followChannelInSlot makes a publishing hub and a following one on
+// cluster, the latter following a channel of slot (synced, its shard
+// subscribed on the slot's primary, from), and picks another primary (to)
+// for the slot to move to. It returns the channel and its shard channel.
+func followChannelInSlot(t *testing.T, cluster *redistest.Cluster, slot int) (pub *Hub, rec *redisRecorder, _ int, channel, key string, from, to *redistest.Server) {
+	t.Helper()
+	opts := RedisOptions{Addrs: cluster.Addrs(), CheckInterval: 300 * time.Millisecond}
+	pub, _ = newRedisHub(t, opts)
+	sub, subBroker := newRedisHub(t, opts)
+	channel = channelInSlot(t, slot)
+	key = "sse:{" + channel + "}"
+	from = cluster.NodeOfSlot(t, slot)
+	to = otherPrimary(cluster, from)
+	rec = newRedisRecorder()
+	t.Cleanup(sub.Subscribe(rec, []string{channel}).Close)
+	from.WaitShardSubscribers(t, key, 1)
+	waitSynced(t, subBroker, channel)
+	return pub, rec, slot, channel, key, from, to
 }
