@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 	"go.uber.org/zap"
 )
 
@@ -182,6 +183,7 @@ func (o *RedisOptions) newClient() (redis.UniversalClient, *redis.ClusterClient,
 			PoolSize: o.PoolSize, DialTimeout: o.DialTimeout, ReadTimeout: o.ReadTimeout,
 			WriteTimeout: o.WriteTimeout, MaxRetries: o.MaxRetries,
 			MinRetryBackoff: o.MinRetryBackoff, MaxRetryBackoff: o.MaxRetryBackoff,
+			MaintNotificationsConfig: noMaintNotifications(),
 		})
 		return c, c, nil
 	default:
@@ -190,6 +192,19 @@ func (o *RedisOptions) newClient() (redis.UniversalClient, *redis.ClusterClient,
 			PoolSize: o.PoolSize, DialTimeout: o.DialTimeout, ReadTimeout: o.ReadTimeout,
 			WriteTimeout: o.WriteTimeout, MaxRetries: o.MaxRetries,
 			MinRetryBackoff: o.MinRetryBackoff, MaxRetryBackoff: o.MaxRetryBackoff,
+			MaintNotificationsConfig: noMaintNotifications(),
 		}), nil, nil
 	}
+}
+
+// noMaintNotifications turns go-redis' maintenance notifications off (its
+// Sentinel client has them off already). They are a Redis Enterprise
+// feature; in their default "auto" mode every new connection asks for them
+// (CLIENT MAINT_NOTIFICATIONS, a round trip that open-source Redis refuses)
+// and, refused, go-redis turns them off by writing to the options that a
+// client shares with the Conns made from it, under a lock the Conns do not
+// share: a data race (go-redis v9.23; seen by the race detector on a
+// publish with wait_replicas, which uses a Conn).
+func noMaintNotifications() *maintnotifications.Config {
+	return &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 }
