@@ -396,13 +396,7 @@ func (r *runner) stopWorkers() {
 		w.stdin.Close()
 		ps = append(ps, w.p)
 	}
-	deadline := time.After(20 * time.Second)
-	for _, p := range ps {
-		select {
-		case <-p.done:
-		case <-deadline:
-		}
-	}
+	waitExited(ps, 20*time.Second)
 	stopProcs(ps, syscall.SIGKILL, 5*time.Second)
 }
 

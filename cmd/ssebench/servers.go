@@ -58,30 +58,28 @@ func stopProcs(ps []*proc, sig syscall.Signal, grace time.Duration) {
 			_ = p.cmd.Process.Signal(sig)
 		}
 	}
-	deadline := time.After(grace)
-	var left []*proc
-	for _, p := range ps {
-		select {
-		case <-p.done:
-			continue
-		case <-deadline:
-		}
-		left = append(left, p)
-	}
-	if len(left) == 0 {
-		return
-	}
+	left := waitExited(ps, grace)
 	for _, p := range left {
 		_ = p.cmd.Process.Kill()
 	}
-	end := time.After(5 * time.Second)
-	for _, p := range left {
+	waitExited(left, 5*time.Second)
+}
+
+// waitExited waits up to d for every process to exit and returns those
+// still running. The limit is one for all: a time.After channel would fire
+// for the first process waited past it and never again, leaving the wait
+// for the next one without a limit.
+func waitExited(ps []*proc, d time.Duration) (left []*proc) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	for _, p := range ps {
 		select {
 		case <-p.done:
-		case <-end:
-			return
+		case <-ctx.Done():
+			left = append(left, p)
 		}
 	}
+	return left
 }
 
 var envWord = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*=`)
