@@ -525,9 +525,8 @@ func (w *worker) process(c *client, b []byte, now int64) bool {
 		b = c.head[k:]
 		defer func() { c.head = nil }()
 	}
-	if len(b) == 0 {
-		return true
-	}
+	// no return on an empty b: a Content-Length: 0 body is whole (done)
+	// with no byte after the head
 	done := false
 	if c.chunked {
 		var err error

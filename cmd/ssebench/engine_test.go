@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 )
@@ -135,5 +136,63 @@ func TestPartialEventDiscardedOnReconnect(t *testing.T) {
 				t.Errorf("latency max %s: an event was assembled from the cut stream's partial line", maxLat)
 			}
 		})
+	}
+}
+
+// An empty body by Content-Length: 0 ends the stream at once, on a
+// connection the server keeps open: the epoll engine must end it as the std
+// engine (and a browser) does, and reconnect, instead of holding it as a
+// live stream that never receives anything.
+func TestEpollEmptyContentLengthBodyEndsTheStream(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the epoll engine needs Linux")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, conn) // kept open: only the body ends
+			mu.Unlock()
+			_, _ = conn.Read(make([]byte, 4096)) // the request
+			_, _ = conn.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 0\r\n\r\n"))
+		}
+	}()
+	tgt, err := resolveTarget(context.Background(), "http://"+ln.Addr().String()+"/events", defaultLookup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, err := openEpollEngine(engineOpts{headTimeout: 5 * time.Second, defaultRetry: 20 * time.Millisecond, workers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(0, tgt, []int64{0}, []string{"bench0"}, true, 0, eng.shardFor(0))
+	eng.start(c)
+	deadline := time.Now().Add(3 * time.Second)
+	for c.connects.Load() < 2 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := eng.closeAll(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	k := eng.core()
+	if c.connects.Load() < 2 || k.cnt.ended.Load() < 1 {
+		t.Fatalf("connects %d, streams ended %d; want ≥ 2 and ≥ 1 (the empty body was held as a live stream)", c.connects.Load(), k.cnt.ended.Load())
 	}
 }
