@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -103,6 +104,8 @@ type runner struct {
 	serverLogPaths []string
 	redisLogPath   string
 
+	notesMu sync.Mutex // the progress goroutine notes too (a failed /proc read)
+
 	stdout io.Writer // the JSON line
 	stderr io.Writer // the summary and progress
 
@@ -169,7 +172,15 @@ func (r *runner) run() int {
 	return 0
 }
 
-func (r *runner) note(s string) { r.res.Notes = append(r.res.Notes, s) }
+// note adds a line to the result's notes, once: the progress goroutine
+// notes a failed /proc read at every sample.
+func (r *runner) note(s string) {
+	r.notesMu.Lock()
+	defer r.notesMu.Unlock()
+	if !slices.Contains(r.res.Notes, s) {
+		r.res.Notes = append(r.res.Notes, s)
+	}
+}
 
 func (r *runner) appendOut(line []byte) {
 	if r.cfg.out == "" {
