@@ -32,7 +32,7 @@ type RedisLeases struct {
 	heldBy   map[string][]*redisLease // held, by key: Acquire puts them back if Redis lost them
 	released []*redisLease
 	removing []*redisLease // released ones that flushReleases is removing now
-	ttl      time.Duration // the shortest ttl asked for: a third of it is the renewal period
+	ttl      time.Duration // the shortest ttl held (asked for, until a renewal): a third of it is the renewal period
 	running  bool
 	wake     chan struct{}
 	stop     chan struct{}
@@ -249,8 +249,19 @@ func (r *RedisLeases) period() time.Duration {
 func (r *RedisLeases) renew() {
 	r.mu.Lock()
 	leases := make([]*redisLease, 0, len(r.held))
+	shortest := time.Duration(0)
 	for l := range r.held {
 		leases = append(leases, l)
+		if shortest == 0 || l.ttl < shortest {
+			shortest = l.ttl
+		}
+	}
+	if shortest > 0 {
+		// the period follows the leases held now: after a reload from a
+		// short lease_ttl to a longer one, the old config's leases gone,
+		// renewals no longer run at the short one's pace for good (an
+		// Acquire of a shorter one, later, lowers it again under this lock)
+		r.ttl = shortest
 	}
 	r.mu.Unlock()
 	if len(leases) == 0 {

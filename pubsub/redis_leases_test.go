@@ -123,3 +123,30 @@ func TestLeasesAndThrottlesOnACluster(t *testing.T) {
 	}
 
 }
+
+// The renewal period follows the shortest lease held, not the shortest
+// ever asked for: after a reload from lease_ttl 300ms to 3s, once the old
+// config's leases are released, renewals run every second again, not every
+// 100 ms for the life of the process.
+func TestRedisLeaseRenewalPeriodFollowsTheLeasesHeld(t *testing.T) {
+	srv := redistest.Start(t)
+	r := NewRedisLeases(newTestRedis(t, srv))
+	defer r.Close()
+	ctx := context.Background()
+	short, err := r.Acquire(ctx, "old-config", 10, 300*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Acquire(ctx, "new-config", 10, 3*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.period(); got != 100*time.Millisecond {
+		t.Fatalf("period %v while a 300ms lease is held, want 100ms", got)
+	}
+	short.Release()
+	for deadline := time.Now().Add(redisWait); r.period() != time.Second; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("period %v with only a 3s lease held, want 1s", r.period())
+		}
+	}
+}
