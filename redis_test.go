@@ -391,37 +391,10 @@ func TestRedisSentinelWithPasswords(t *testing.T) {
 func TestRedisFailoverLosingAnEventIsTruncation(t *testing.T) {
 	s := redistest.StartSentinel(t)
 	srv := startCaddy(t, sentinelSite(s))
-	c := srv.subscribe("/events?channels=f", nil)
-	s.Primary.WaitShardSubscribers(t, "sse:{f}", 1)
-	srv.publish("/events", map[string]any{"channel": "f", "data": "kept"})
-	c.next()
-	waitReplicaHas(t, s.Replica, "sse:{f}:s", "1")
-
-	// the replica misses what comes next: frozen, and cut off by the
-	// primary so that nothing waits for it in its socket either
-	s.Replica.Pause()
-	s.Primary.MustCLI("CLIENT", "KILL", "TYPE", "replica")
-	srv.publish("/events", map[string]any{"channel": "f", "data": "lost"})
-	lost := c.next()
-	if lost.Data != "lost" {
-		t.Fatalf("got %+v", lost)
-	}
-	s.Primary.Kill()
-	s.Replica.Resume()
-	deadline := time.Now().Add(30 * time.Second)
-	s.WaitFailedOver(t, deadline)
-	// the new primary gives the lost event's seq to a new event
-	for {
-		status, _ := srv.post("/events", "application/json", mustJSON(t, map[string]any{"channel": "f", "data": "new"}), nil)
-		if status == http.StatusOK {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("publishing after the failover: %d", status)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	c.expectEnd() // never "new" in place of "lost"
+	c, lost := publishAnEventTheReplicaMisses(t, s, srv)
+	failOver(t, s)
+	publishUntilAccepted(t, srv, "f", "new") // the new primary gives the lost event's seq to it
+	c.expectEnd()                            // never "new" in place of "lost"
 	r := srv.subscribe("/events?channels=f", header("Last-Event-ID", lost.ID))
 	if r.resp.Header.Get("X-Replay-Truncated") != "true" {
 		t.Fatal("a cursor at an event lost in the failover must be truncated")
@@ -453,8 +426,9 @@ func TestRedisFreshStreamAfterAFailoverThatLostAnEvent(t *testing.T) {
 
 // publishAnEventTheReplicaMisses publishes "kept" to channel f, which the
 // replica gets, then "lost", which it does not: it is frozen, and cut off
-// by the primary so that nothing waits for it in its socket either.
-func publishAnEventTheReplicaMisses(t *testing.T, s *redistest.Sentinel, srv *testServer) {
+// by the primary so that nothing waits for it in its socket either. It
+// returns the stream that got both, and the lost event as it got it.
+func publishAnEventTheReplicaMisses(t *testing.T, s *redistest.Sentinel, srv *testServer) (*sseClient, sseEvent) {
 	t.Helper()
 	c := srv.subscribe("/events?channels=f", nil)
 	s.Primary.WaitShardSubscribers(t, "sse:{f}", 1)
@@ -464,7 +438,11 @@ func publishAnEventTheReplicaMisses(t *testing.T, s *redistest.Sentinel, srv *te
 	s.Replica.Pause()
 	s.Primary.MustCLI("CLIENT", "KILL", "TYPE", "replica")
 	srv.publish("/events", map[string]any{"channel": "f", "data": "lost"})
-	c.next()
+	lost := c.next()
+	if lost.Data != "lost" {
+		t.Fatalf("got %+v", lost)
+	}
+	return c, lost
 }
 
 // failOver kills the primary and waits until the replica is the master
