@@ -199,7 +199,7 @@ func (b *Redis) publishAndWait(ctx context.Context, key string, args []any) (any
 		return nil, b.unavailable(err)
 	}
 	function, asking := FunctionPublishOnce, false
-	wait := 5 * time.Millisecond
+	var pause migrationPause
 	for attempt := 0; ; attempt++ {
 		reply, err := b.publishAndWaitOn(ctx, node, key, function, asking, args)
 		to, moved := movedTo(err)
@@ -218,12 +218,9 @@ func (b *Redis) publishAndWait(ctx context.Context, key string, args []any) (any
 		case function == FunctionPublishOnce:
 			function, args = FunctionPublishV2, args[2:]
 		default: // the keys are being moved: try again in a moment
-			select {
-			case <-time.After(wait):
-			case <-ctx.Done():
+			if !pause.wait(ctx) {
 				return reply, err
 			}
-			wait *= 2
 		}
 	}
 }
@@ -393,22 +390,33 @@ func (b *Redis) loadFunctions(ctx context.Context, key string) error {
 // while it does (ASK): neither ran anything, so the publish is tried again,
 // a few times.
 func (b *Redis) publishWhileMigrating(ctx context.Context, key string, args []any, reply any, err error) (any, error) {
-	wait := 5 * time.Millisecond
+	var pause migrationPause
 	for range 4 {
 		if !isTryAgain(err) && !isMoved(err) {
 			break
 		}
 		reply, err = b.call(ctx, key, FunctionPublishV2, false, args[2:]...)
-		if isTryAgain(err) || isMoved(err) {
-			select {
-			case <-time.After(wait):
-			case <-ctx.Done():
-				return reply, err
-			}
-			wait *= 2
+		if (isTryAgain(err) || isMoved(err)) && !pause.wait(ctx) {
+			return reply, err
 		}
 	}
 	return reply, err
+}
+
+// migrationPause spaces the attempts of a publish while its slot migrates:
+// 5 ms, then twice as long each time (the keys of one slot move in
+// milliseconds).
+type migrationPause struct{ last time.Duration }
+
+// wait pauses for the next interval; false if ctx ended first.
+func (p *migrationPause) wait(ctx context.Context) bool {
+	p.last = max(2*p.last, 5*time.Millisecond)
+	select {
+	case <-time.After(p.last):
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // isTryAgain reports whether Redis refused a call because its keys are
