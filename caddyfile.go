@@ -52,7 +52,12 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			username <user>
 //			password <password>         # e.g. {env.REDIS_PASSWORD}
 //			db <n>                      # default 0
-//			tls [<ca-file>]
+//			tls [<ca-file>]             # or a block:
+//			tls {
+//				ca <ca-file>
+//				client_auth <cert-file> <key-file>
+//				server_name <name>
+//			}
 //			prefix <prefix>             # default sse:
 //			wait_replicas <n> [<timeout>]
 //			pool_size <n>

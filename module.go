@@ -299,11 +299,7 @@ func (h *Handler) redisOptions() (*pubsub.RedisOptions, string, error) {
 		return nil, "", err
 	}
 	opts.Logger = h.logger.Named("redis")
-	caFile := ""
-	if h.Redis.TLS != nil {
-		caFile = h.Redis.TLS.CA
-	}
-	return &opts, hubKeyOf(opts, caFile, h.Redis.caSum), nil
+	return &opts, hubKeyOf(opts, h.Redis.TLS, h.Redis.tlsSum), nil
 }
 
 // useHubLogger makes a Redis hub log through this handler's logger while

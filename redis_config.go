@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"net"
 	"net/url"
 	"os"
@@ -26,9 +27,9 @@ import (
 // process with the same Redis settings shares one client and one set of
 // pub/sub connections, which survive config reloads.
 type RedisConfig struct {
-	// caSum is the checksum of the CA file as applyTLS read it, for the
-	// hub's key.
-	caSum string
+	// tlsSum is the checksum of the TLS files (CA, client certificate and
+	// key) as applyTLS read them, for the hub's key.
+	tlsSum string
 
 	// URL is a redis:// or rediss:// URL
 	// (redis://[user[:password]@]host[:port][/db]); global placeholders such
@@ -120,6 +121,22 @@ type RedisTLS struct {
 	// CA is a PEM file of the certificate authorities to trust instead of
 	// the system's.
 	CA string `json:"ca,omitempty"`
+
+	// ClientCertificateFile is a PEM certificate this module presents to
+	// Redis, for a Redis that authenticates its clients by certificate (a
+	// self-hosted Redis with TLS does by default: tls-auth-clients yes).
+	// Give it with ClientCertificateKeyFile.
+	ClientCertificateFile string `json:"client_certificate_file,omitempty"`
+
+	// ClientCertificateKeyFile is the PEM private key of
+	// ClientCertificateFile.
+	ClientCertificateKeyFile string `json:"client_certificate_key_file,omitempty"`
+
+	// ServerName is the name Redis' certificates must be valid for, when it
+	// is not the host of the URL or of the first address: e.g. the name in
+	// the certificates of a Sentinel's or a cluster's nodes, which are
+	// reached by the addresses those announce.
+	ServerName string `json:"server_name,omitempty"`
 }
 
 // redisOptions resolves placeholders, parses the URL and builds the broker
@@ -223,20 +240,75 @@ func (c *RedisConfig) applyTLS(opts *pubsub.RedisOptions) error {
 			opts.TLS.ServerName = host
 		}
 	}
-	if c.TLS.CA == "" {
+	repl := caddy.NewReplacer()
+	if name := repl.ReplaceKnown(c.TLS.ServerName, ""); name != "" {
+		opts.TLS.ServerName = name
+	}
+	sums := sha256.New()
+	if err := c.TLS.applyCA(opts.TLS, repl, sums); err != nil {
+		return err
+	}
+	if err := c.TLS.applyClientCertificate(opts.TLS, repl, sums); err != nil {
+		return err
+	}
+	c.tlsSum = fmt.Sprintf("%x", sums.Sum(nil))
+	return nil
+}
+
+// applyCA trusts the CA file's authorities instead of the system's.
+func (t *RedisTLS) applyCA(conf *tls.Config, repl *caddy.Replacer, sums hash.Hash) error {
+	if t.CA == "" {
 		return nil
 	}
-	pem, err := os.ReadFile(caddy.NewReplacer().ReplaceKnown(c.TLS.CA, ""))
+	pem, err := readTLSFile(repl, "the CA file", t.CA, sums)
 	if err != nil {
-		return fmt.Errorf("redis: tls: reading the CA file: %v", err)
+		return err
 	}
-	c.caSum = fmt.Sprintf("%x", sha256.Sum256(pem))
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(pem) {
-		return fmt.Errorf("redis: tls: no certificate in %s", c.TLS.CA)
+		return fmt.Errorf("redis: tls: no certificate in %s", t.CA)
 	}
-	opts.TLS.RootCAs = pool
+	conf.RootCAs = pool
 	return nil
+}
+
+// applyClientCertificate makes the module present the client certificate,
+// if one is set. It is read at load, as the CA is: a reload after the files
+// were replaced gets a hub that presents the new one (the files are in the
+// hub's key through their checksum).
+func (t *RedisTLS) applyClientCertificate(conf *tls.Config, repl *caddy.Replacer, sums hash.Hash) error {
+	if t.ClientCertificateFile == "" && t.ClientCertificateKeyFile == "" {
+		return nil
+	}
+	if t.ClientCertificateFile == "" || t.ClientCertificateKeyFile == "" {
+		return errors.New("redis: tls: a client certificate needs both its certificate file and its key file")
+	}
+	certPEM, err := readTLSFile(repl, "the client certificate", t.ClientCertificateFile, sums)
+	if err != nil {
+		return err
+	}
+	keyPEM, err := readTLSFile(repl, "the client certificate's key", t.ClientCertificateKeyFile, sums)
+	if err != nil {
+		return err
+	}
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return fmt.Errorf("redis: tls: client certificate %s: %v", t.ClientCertificateFile, err)
+	}
+	conf.Certificates = []tls.Certificate{pair}
+	return nil
+}
+
+// readTLSFile reads a TLS file (its name's placeholders replaced) and adds
+// its checksum to sums.
+func readTLSFile(repl *caddy.Replacer, what, name string, sums hash.Hash) ([]byte, error) {
+	data, err := os.ReadFile(repl.ReplaceKnown(name, ""))
+	if err != nil {
+		return nil, fmt.Errorf("redis: tls: reading %s: %v", what, err)
+	}
+	sum := sha256.Sum256(data)
+	sums.Write(sum[:])
+	return data, nil
 }
 
 func firstOr(xs []string, def string) string {
@@ -290,20 +362,25 @@ func validateRedisOptions(o pubsub.RedisOptions) error {
 // settings keeps the hub (and its subscriptions) and a reload with other
 // settings gets a hub that uses them. Only Redis settings: handler
 // settings such as fallback local are not in the options, so every handler
-// with the same Redis settings shares its hub (SPEC S1). caSum is the CA
-// file's checksum: a reload after the file was replaced trusts the new
-// one. The password is in it only as part of an in-memory map key.
-func hubKeyOf(o pubsub.RedisOptions, tlsCA, caSum string) string {
+// with the same Redis settings shares its hub (SPEC S1). tlsSum is the
+// checksum of the TLS files: a reload after one was replaced (a rotated CA
+// or client certificate) uses the new one. The password is in it only as
+// part of an in-memory map key.
+func hubKeyOf(o pubsub.RedisOptions, files *RedisTLS, tlsSum string) string {
 	o = o.WithDefaults()
 	o.Logger = nil
-	tlsOn := o.TLS != nil
+	tlsOn, serverName := o.TLS != nil, ""
+	if tlsOn {
+		serverName = o.TLS.ServerName
+	}
 	o.TLS = nil
 	raw, _ := json.Marshal(struct {
 		pubsub.RedisOptions
-		TLS   bool
-		CA    string
-		CASum string
-	}{o, tlsOn, tlsCA, caSum})
+		TLS           bool
+		TLSServerName string
+		TLSFiles      *RedisTLS
+		TLSSum        string
+	}{o, tlsOn, serverName, files, tlsSum})
 	return "redis " + string(raw)
 }
 
@@ -369,14 +446,7 @@ func (c *RedisConfig) unmarshalSubdirective(d *caddyfile.Dispenser, name string)
 		c.DB = new(int)
 		return oneNonNegative(d, c.DB)
 	case "tls":
-		c.TLS = &RedisTLS{}
-		if d.NextArg() {
-			c.TLS.CA = d.Val()
-		}
-		if d.NextArg() {
-			return d.ArgErr()
-		}
-		return nil
+		return c.unmarshalTLS(d)
 	case "prefix":
 		return oneString(d, &c.Prefix)
 	case "wait_replicas":
@@ -438,4 +508,52 @@ func (c *RedisConfig) unmarshalRetries(d *caddyfile.Dispenser) error {
 	}
 	c.MaxRetries = n
 	return nil
+}
+
+// unmarshalTLS parses `tls [<ca-file>]` and its optional block:
+//
+//	tls [<ca-file>] {
+//		ca <ca-file>
+//		client_auth <cert-file> <key-file>
+//		server_name <name>
+//	}
+func (c *RedisConfig) unmarshalTLS(d *caddyfile.Dispenser) error {
+	c.TLS = &RedisTLS{}
+	if d.NextArg() {
+		c.TLS.CA = d.Val()
+	}
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	seen := map[string]bool{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if err := onceIn(d, seen, "redis tls"); err != nil {
+			return err
+		}
+		if err := c.TLS.unmarshalSubdirective(d, d.Val()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (t *RedisTLS) unmarshalSubdirective(d *caddyfile.Dispenser, name string) error {
+	switch name {
+	case "ca":
+		if t.CA != "" {
+			return d.Err("redis tls: the CA file is given twice (after tls and as ca)")
+		}
+		return oneString(d, &t.CA)
+	case "client_auth":
+		args := d.RemainingArgs()
+		if len(args) != 2 {
+			return d.Err("redis tls: client_auth takes a certificate file and its key file")
+		}
+		t.ClientCertificateFile, t.ClientCertificateKeyFile = args[0], args[1]
+		return nil
+	case "server_name":
+		return oneString(d, &t.ServerName)
+	default:
+		return d.Errf("unrecognized redis tls subdirective %q", name)
+	}
 }
