@@ -1,13 +1,6 @@
 package caddysse
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
@@ -126,28 +119,22 @@ func TestHubKeyTracksCAContents(t *testing.T) {
 		}
 		return k
 	}
-	writeTestCA(t, path, "first")
+	writeTestCA(t, path)
 	before := key()
-	writeTestCA(t, path, "second")
+	writeTestCA(t, path)
 	if after := key(); after == before {
 		t.Fatal("a new CA file gives the same hub key: a reload keeps the hub that trusts the old CA")
 	}
 }
 
-func writeTestCA(t *testing.T, path, name string) {
+// writeTestCA writes a new CA certificate to path.
+func writeTestCA(t *testing.T, path string) {
 	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
+	data, err := os.ReadFile(newTestPKI(t).CA)
+	if err == nil {
+		err = os.WriteFile(path, data, 0o600)
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
 	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
 		t.Fatal(err)
 	}
 }
