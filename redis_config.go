@@ -32,7 +32,8 @@ type RedisConfig struct {
 	tlsSum string
 
 	// URL is a redis:// or rediss:// URL
-	// (redis://[user[:password]@]host[:port][/db]); global placeholders such
+	// (redis://[user[:password]@]host[:port][/db]), or a unix:// URL of a
+	// Unix socket (unix://[user[:password]@]/path/to/redis.sock); global placeholders such
 	// as {env.REDIS_URL} are replaced when the config is loaded. Give either
 	// URL or Addresses.
 	URL string `json:"url,omitempty"`
@@ -202,10 +203,14 @@ func applyURL(opts *pubsub.RedisOptions, raw string) error {
 	if strings.TrimSpace(raw) == "" {
 		return errors.New("redis: the URL is empty (is its environment variable set?)")
 	}
+	if parsed, err := url.Parse(raw); err == nil && parsed.Scheme == "unix" && parsed.Host != "" {
+		// go-redis would ignore the host: unix://run/redis.sock is /redis.sock
+		return fmt.Errorf("redis: a unix:// URL takes an absolute path and no host: unix:///%s%s", parsed.Host, parsed.Path)
+	}
 	if parsed, err := url.Parse(raw); err == nil && parsed.RawQuery != "" {
 		// go-redis reads options from the query (pool_size, timeouts, ...);
 		// they would be silently left out of the client this module makes
-		return errors.New("redis: options in the URL's query are not used: set them in the redis block (pool_size, dial_timeout, read_timeout, write_timeout, max_retries)")
+		return errors.New("redis: options in the URL's query are not used: set them in the redis block (db, pool_size, dial_timeout, read_timeout, write_timeout, max_retries)")
 	}
 	u, err := redis.ParseURL(raw)
 	if err != nil {
@@ -318,14 +323,33 @@ func firstOr(xs []string, def string) string {
 	return def
 }
 
+func validateAddresses(o pubsub.RedisOptions) error {
+	for _, a := range o.Addrs {
+		if strings.HasPrefix(a, "/") { // go-redis dials a path as a Unix socket
+			return validateUnixSocket(o)
+		}
+		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+			return fmt.Errorf("redis: address %q is not host:port", a)
+		}
+	}
+	return nil
+}
+
+// validateUnixSocket checks the options of a Unix socket (a unix:// URL,
+// or an address that is a path): one server.
+func validateUnixSocket(o pubsub.RedisOptions) error {
+	if len(o.Addrs) != 1 || o.Cluster || o.MasterName != "" {
+		return errors.New("redis: a Unix socket is one server: not with other addresses, a cluster or Sentinels")
+	}
+	return nil
+}
+
 func validateRedisOptions(o pubsub.RedisOptions) error {
 	if len(o.Addrs) == 0 {
 		return errors.New("redis: give a URL or addresses")
 	}
-	for _, a := range o.Addrs {
-		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
-			return fmt.Errorf("redis: address %q is not host:port", a)
-		}
+	if err := validateAddresses(o); err != nil {
+		return err
 	}
 	if o.MasterName != "" && o.Cluster {
 		// Sentinel watches one primary, a cluster has many: one would be

@@ -11,6 +11,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"go.uber.org/zap"
+
+	"github.com/caddy-sse/caddy-sse/internal/redistest"
 )
 
 // redisSettingsErr runs what Provision and Validate check of a handler's
@@ -168,5 +170,44 @@ func TestExplicitDefaultPrefixSharesHub(t *testing.T) {
 	}
 	if a, b := key(""), key("sse:"); a != b {
 		t.Fatalf("the default prefix, written or not, gives two hubs:\n%s\n%s", a, b)
+	}
+}
+
+// A Redis on the same host is often reached by its Unix socket: a unix://
+// URL works end to end (it was refused: "not host:port").
+func TestRedisUnixSocket(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "redis.sock")
+	rds := redistest.Start(t, "--unixsocket", sock, "--unixsocketperm", "700")
+	srv := startCaddy(t, redisSite("unix://"+sock))
+	c := srv.subscribe("/events?channels=a", nil)
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
+	srv.publish("/events", map[string]any{"channel": "a", "data": "over the socket"})
+	if ev := c.next(); ev.Data != "over the socket" {
+		t.Fatalf("got %+v", ev)
+	}
+	if n := rds.MustCLI("XLEN", "sse:{a}:s"); n != "1" {
+		t.Fatalf("the history in Redis has %s events, want 1", n)
+	}
+}
+
+// A unix:// URL names one server, at an absolute path and no host.
+func TestRedisUnixSocketMistakesRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		rc   RedisConfig
+	}{
+		{"cluster", RedisConfig{URL: "unix:///run/redis.sock", Cluster: true}},
+		{"sentinel", RedisConfig{URL: "unix:///run/redis.sock", Sentinel: "m"}},
+		// go-redis reads it as /redis.sock
+		{"a host", RedisConfig{URL: "unix://run/redis.sock"}},
+		{"no path", RedisConfig{URL: "unix://"}},
+		{"a socket and another address", RedisConfig{Addresses: []string{"/run/redis.sock", "127.0.0.1:7000"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := redisSettingsErr(&tc.rc); err == nil {
+				t.Fatalf("%s accepted", tc.name)
+			}
+		})
 	}
 }
