@@ -15,7 +15,7 @@ import (
 	"github.com/caddy-sse/caddy-sse/replay"
 )
 
-func newTestRedis(t *testing.T, srv *redistest.Server) *Redis {
+func newTestRedis(t testing.TB, srv *redistest.Server) *Redis {
 	t.Helper()
 	b, err := NewRedis(RedisOptions{Addrs: []string{srv.Addr()}}, func(string, *replay.Event) {})
 	if err != nil {
@@ -416,8 +416,10 @@ func TestRedisLeaseAcquireDuringTheRemovalOfReleasesIsNotRefused(t *testing.T) {
 	taken := r.takeReleased()
 	_, err = r.Acquire(ctx, "p", 1, 15*time.Second)
 	// flushReleases, second half
-	for _, old := range taken {
-		srv.MustCLI("ZREM", old.key, old.member)
+	for key, ls := range taken {
+		for _, old := range ls {
+			srv.MustCLI("ZREM", key, old.member)
+		}
 	}
 	r.removed()
 	if err != nil {

@@ -30,8 +30,8 @@ type RedisLeases struct {
 	mu       sync.Mutex
 	held     map[*redisLease]struct{}
 	heldBy   map[string][]*redisLease // held, by key: Acquire puts them back if Redis lost them
-	released []*redisLease
-	removing []*redisLease // released ones that flushReleases is removing now
+	released leaseSet
+	removing leaseSet      // released ones that flushReleases is removing now
 	ttl      time.Duration // the shortest ttl held (asked for, until a renewal): a third of it is the renewal period
 	running  bool
 	wake     chan struct{}
@@ -46,15 +46,23 @@ type redisLease struct {
 	member    string
 	ttl       time.Duration
 	principal string
+	at        int // its index in heldBy[key], while held; under of.mu
 	once      sync.Once
 }
 
-// acquireLease takes a lease (ARGV[4]) unless limit are held. ARGV[5] is
-// how many leases of the key this instance holds follow, as member and ttl
-// pairs: those Redis lost (a restart without persistence, a failover that
-// lost writes) are put back before counting, or this instance would let
-// the principal past its cap until its next renewal put them back beside
-// the new ones. The rest of ARGV are leases of the key this instance
+// acquireLease takes a lease (ARGV[4]) unless limit are held. Leases of
+// the key this instance holds that Redis lost (a restart without
+// persistence, a failover that lost writes) are put back before counting,
+// or this instance would let the principal past its cap until its next
+// renewal put them back beside the new ones. Sending every lease held
+// with every Acquire cost O(held) per stream (O(n²) for a principal with
+// thousands of streams: Redis and the instance's lock saturated at a few
+// thousand), so a call puts back only the newest few (a failover loses the
+// latest writes; the renewal, within a third of the ttl, puts back any
+// other): ARGV[7] of them follow, as member and ttl pairs. When the set is
+// gone (a restart, an eviction) while this instance holds more than those
+// (ARGV[5]), the script answers -1 and the call is made again with all of
+// them (ARGV[6] = 1). The rest of ARGV are leases of the key this instance
 // released and has not removed yet. A call that finds its own lease in the
 // set ran before: go-redis sent it again after its reply was lost (a
 // dropped connection); it is granted again, not counted against itself.
@@ -64,16 +72,27 @@ type redisLease struct {
 // change of the setting). Redis 7.0 has both options.
 var acquireLease = redis.NewScript(`
 local now = tonumber(ARGV[1])
+local listed = tonumber(ARGV[7])
+if ARGV[6] ~= '1' and listed < tonumber(ARGV[5]) and redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local held = 5 + 2 * tonumber(ARGV[5])
-for i = 6, held, 2 do redis.call('ZADD', KEYS[1], 'NX', now + tonumber(ARGV[i + 1]), ARGV[i]) end
-for i = held + 1, #ARGV do redis.call('ZREM', KEYS[1], ARGV[i]) end
+local last = 7 + 2 * listed
+for i = 8, last, 2 do redis.call('ZADD', KEYS[1], 'NX', now + tonumber(ARGV[i + 1]), ARGV[i]) end
+for i = last + 1, #ARGV do redis.call('ZREM', KEYS[1], ARGV[i]) end
 local limit = tonumber(ARGV[2])
 if limit > 0 and redis.call('ZCARD', KEYS[1]) >= limit and not redis.call('ZSCORE', KEYS[1], ARGV[4]) then return 0 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[4])
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) * 2, 'NX')
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) * 2, 'GT')
 return 1`)
+
+// leaseSample is how many of the newest leases of a key held here an
+// Acquire puts back if Redis lost them.
+const leaseSample = 16
+
+// leaseSet holds leases by key.
+type leaseSet map[string][]*redisLease
+
+func (ls leaseSet) add(l *redisLease) { ls[l.key] = append(ls[l.key], l) }
 
 // NewRedisLeases returns leases in b's Redis.
 func NewRedisLeases(b *Redis) *RedisLeases {
@@ -82,6 +101,7 @@ func NewRedisLeases(b *Redis) *RedisLeases {
 		instance: strconv.FormatUint(rand.Uint64(), 36),
 		held:     make(map[*redisLease]struct{}),
 		heldBy:   make(map[string][]*redisLease),
+		released: leaseSet{},
 		wake:     make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
@@ -106,18 +126,14 @@ func (r *RedisLeases) Acquire(ctx context.Context, principal string, limit int, 
 	if err != nil {
 		return nil, err
 	}
-	held, released := r.leasesOf(l.key)
-	args := []any{time.Now().UnixMilli(), limit, ttl.Milliseconds(), l.member, len(held)}
-	for _, h := range held {
-		args = append(args, h.member, h.ttl.Milliseconds())
+	ok, err := r.runAcquire(ctx, l, limit, false)
+	if err == nil && ok < 0 { // Redis lost some of the leases held here
+		ok, err = r.runAcquire(ctx, l, limit, true)
 	}
-	args = append(args, released...)
-	ok, err := acquireLease.Run(ctx, r.b.client, []string{l.key}, args...).Int()
-	r.releaseAgain(held)
 	if err != nil {
 		return nil, r.b.classify(err)
 	}
-	if ok == 0 {
+	if ok <= 0 {
 		return nil, ErrLimitReached
 	}
 	r.mu.Lock()
@@ -126,6 +142,7 @@ func (r *RedisLeases) Acquire(ctx context.Context, principal string, limit int, 
 		return nil, ErrClosed
 	}
 	r.held[l] = struct{}{}
+	l.at = len(r.heldBy[l.key])
 	r.heldBy[l.key] = append(r.heldBy[l.key], l)
 	if r.ttl == 0 || ttl < r.ttl {
 		r.ttl = ttl
@@ -138,25 +155,52 @@ func (r *RedisLeases) Acquire(ctx context.Context, principal string, limit int, 
 	return l, nil
 }
 
-// leasesOf returns, at one moment, key's leases held here and the members
-// of those released here and not yet removed from Redis (maintain removes
+// runAcquire runs acquireLease for l: with the newest leases of its key
+// held here, or, all, with all of them.
+func (r *RedisLeases) runAcquire(ctx context.Context, l *redisLease, limit int, all bool) (int, error) {
+	n, listed, released := r.leasesOf(l.key, all)
+	flag := 0
+	if all {
+		flag = 1
+	}
+	args := make([]any, 0, 7+2*len(listed)+len(released))
+	args = append(args, time.Now().UnixMilli(), limit, l.ttl.Milliseconds(), l.member, n, flag, len(listed))
+	for _, h := range listed {
+		args = append(args, h.member, h.ttl.Milliseconds())
+	}
+	args = append(args, released...)
+	ok, err := acquireLease.Run(ctx, r.b.client, []string{l.key}, args...).Int()
+	r.releaseAgain(listed)
+	return ok, err
+}
+
+// leasesOf returns, at one moment, how many leases of key are held here,
+// the newest leaseSample of them (all of them if all), and the members of
+// those released here and not yet removed from Redis (maintain removes
 // them soon, in the background). An Acquire removes the released ones
 // first, so that a stream that reconnects at once (a reload's
 // server_closing with retry 0) is not refused by the lease of the stream
 // it replaces. They stay in released: a renewal under way may put one back,
 // and maintain removes it again then.
-func (r *RedisLeases) leasesOf(key string) (held []*redisLease, released []any) {
+func (r *RedisLeases) leasesOf(key string, all bool) (n int, listed []*redisLease, released []any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	held = slices.Clone(r.heldBy[key])
-	for _, ls := range [][]*redisLease{r.released, r.removing} {
-		for _, l := range ls {
-			if l.key == key {
-				released = append(released, l.member)
-			}
+	held := r.heldBy[key]
+	if !all && len(held) > leaseSample {
+		held = held[len(held)-leaseSample:]
+	}
+	listed = slices.Clone(held)
+	// the newest released only, as of the held: a stream that reconnects
+	// at once follows the newest release, and the others are removed by
+	// maintain anyway (all of them made each Acquire O(releases pending),
+	// which, under a burst, grew faster than maintain could remove them)
+	for _, ls := range []leaseSet{r.released, r.removing} {
+		of := ls[key]
+		for i := len(of) - 1; i >= 0 && len(released) < leaseSample; i-- {
+			released = append(released, of[i].member)
 		}
 	}
-	return held, released
+	return len(r.heldBy[key]), listed, released
 }
 
 // releaseAgain has maintain remove, once more, those of the leases an
@@ -167,7 +211,7 @@ func (r *RedisLeases) releaseAgain(putBack []*redisLease) {
 	again := false
 	for _, l := range putBack {
 		if _, still := r.held[l]; !still {
-			r.released = append(r.released, l)
+			r.released.add(l)
 			again = true
 		}
 	}
@@ -184,20 +228,23 @@ func (l *redisLease) Release() {
 		r.mu.Lock()
 		delete(r.held, l)
 		r.forgetHeld(l)
-		r.released = append(r.released, l)
+		r.released.add(l)
 		r.mu.Unlock()
 		r.poke()
 	})
 }
 
-// forgetHeld removes l from heldBy; r.mu is held.
+// forgetHeld removes l from heldBy, in constant time (a principal may hold
+// thousands); r.mu is held.
 func (r *RedisLeases) forgetHeld(l *redisLease) {
 	ls := r.heldBy[l.key]
-	if i := slices.Index(ls, l); i >= 0 {
-		ls[i] = ls[len(ls)-1]
-		ls[len(ls)-1] = nil
-		ls = ls[:len(ls)-1]
+	if l.at >= len(ls) || ls[l.at] != l {
+		return // not held (Close emptied heldBy)
 	}
+	last := ls[len(ls)-1]
+	ls[l.at], last.at = last, l.at
+	ls[len(ls)-1] = nil
+	ls = ls[:len(ls)-1]
 	if len(ls) == 0 {
 		delete(r.heldBy, l.key)
 	} else {
@@ -271,12 +318,16 @@ func (r *RedisLeases) renew() {
 	defer cancel()
 	now := time.Now().UnixMilli()
 	pipe := r.b.client.Pipeline()
+	longest := map[string]time.Duration{} // of each key's leases: its expiry is set once
 	for _, l := range leases {
 		// ZADD, not ZADD XX: a lease Redis lost (a restart without
 		// persistence, a failover that lost writes, an outage longer than the
 		// ttl) is put back, or its stream would go uncounted for good
 		pipe.ZAdd(ctx, l.key, redis.Z{Score: float64(now + l.ttl.Milliseconds()), Member: l.member})
-		expireNoSooner(ctx, pipe, l.key, 2*l.ttl)
+		longest[l.key] = max(longest[l.key], l.ttl)
+	}
+	for key, ttl := range longest {
+		expireNoSooner(ctx, pipe, key, 2*ttl)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		r.b.log().Debug("renewing connection leases failed", zap.Int("leases", len(leases)), zap.Error(err))
@@ -293,8 +344,12 @@ func (r *RedisLeases) flushReleases() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	pipe := r.b.client.Pipeline()
-	for _, l := range released {
-		pipe.ZRem(ctx, l.key, l.member)
+	for key, ls := range released {
+		members := make([]any, len(ls))
+		for i, l := range ls {
+			members[i] = l.member
+		}
+		pipe.ZRem(ctx, key, members...)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		// they lapse within their ttl anyway
@@ -304,10 +359,10 @@ func (r *RedisLeases) flushReleases() {
 
 // takeReleased takes the released leases for flushReleases to remove; until
 // it is done (removed), releasedOf still returns them.
-func (r *RedisLeases) takeReleased() []*redisLease {
+func (r *RedisLeases) takeReleased() leaseSet {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.removing, r.released = r.released, nil
+	r.removing, r.released = r.released, leaseSet{}
 	return r.removing
 }
 
@@ -371,7 +426,7 @@ func (r *RedisLeases) Close() {
 	}
 	r.closed = true
 	for l := range r.held {
-		r.released = append(r.released, l)
+		r.released.add(l)
 	}
 	r.held = map[*redisLease]struct{}{}
 	r.heldBy = map[string][]*redisLease{}

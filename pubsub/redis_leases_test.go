@@ -3,6 +3,8 @@ package pubsub
 import (
 	"context"
 	"errors"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -148,5 +150,147 @@ func TestRedisLeaseRenewalPeriodFollowsTheLeasesHeld(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("period %v with only a 3s lease held, want 1s", r.period())
 		}
+	}
+}
+
+// acquireN takes n leases of principal with a cap of limit.
+func acquireN(t *testing.T, r *RedisLeases, principal string, n, limit int) []Lease {
+	t.Helper()
+	ls := make([]Lease, n)
+	for i := range ls {
+		l, err := r.Acquire(context.Background(), principal, limit, 30*time.Second)
+		if err != nil {
+			t.Fatalf("lease %d of %d: %v", i+1, n, err)
+		}
+		ls[i] = l
+	}
+	return ls
+}
+
+// An Acquire costs the same however many leases of the principal this
+// instance holds: it used to send them all, to put back those Redis lost,
+// and Redis ran a ZADD for each (with thousands of streams of one principal
+// every stream's start cost milliseconds of Redis' single thread, and the
+// instance's lock was held as long: at 2000 new streams/s of one principal
+// the instance collapsed into 19k goroutines waiting for that lock).
+func TestRedisLeaseAcquireDoesNotResendTheLeasesHeld(t *testing.T) {
+	srv := redistest.Start(t)
+	r := NewRedisLeases(newTestRedis(t, srv))
+	defer r.Close()
+	acquireN(t, r, "p", 500, 0)
+	srv.MustCLI("CONFIG", "RESETSTAT")
+	acquireN(t, r, "p", 1, 0)
+	stats := srv.MustCLI("INFO", "commandstats")
+	for _, line := range strings.Split(stats, "\n") {
+		calls, ok := strings.CutPrefix(line, "cmdstat_zadd:calls=")
+		if n, _ := strconv.Atoi(strings.Split(calls, ",")[0]); ok && n > leaseSample+1 {
+			t.Fatalf("one Acquire with 500 leases held ran %s (the newest %d are put back if lost)", line, leaseSample)
+		}
+	}
+}
+
+// Redis loses the newest writes in a failover, and every write in a restart
+// without persistence: the leases this instance holds that Redis lost are
+// put back before counting (the newest few, sent with every Acquire; all of
+// them when the set is gone), also when other instances' leases are in the
+// set.
+func TestRedisLeaseAcquirePutsBackLeasesRedisLost(t *testing.T) {
+	srv := redistest.Start(t)
+	r, other := NewRedisLeases(newTestRedis(t, srv)), NewRedisLeases(newTestRedis(t, srv))
+	defer r.Close()
+	defer other.Close()
+	const mine, others = 40, 10
+	acquireN(t, other, "p", others, 0)
+	acquireN(t, r, "p", mine, 0)
+	newest := func(n int) []string {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		var ms []string
+		for _, l := range r.heldBy[r.key("p")][mine-n:] {
+			ms = append(ms, l.member)
+		}
+		return ms
+	}
+	for _, tc := range []struct {
+		name string
+		lose func()
+	}{
+		{"the newest lost", func() { srv.MustCLI(append([]string{"ZREM", "sse:lease:{p}"}, newest(5)...)...) }},
+		{"the set lost", func() { srv.MustCLI("DEL", "sse:lease:{p}") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.lose()
+			limit := mine + others
+			if tc.name == "the set lost" {
+				limit = mine // the other instance's leases are back at its renewal only
+			}
+			_, err := r.Acquire(context.Background(), "p", limit, 30*time.Second)
+			if !errors.Is(err, ErrLimitReached) {
+				t.Fatalf("a lease beyond the cap of %d after Redis lost this instance's: %v, want ErrLimitReached", limit, err)
+			}
+			if n := srv.MustCLI("ZCARD", "sse:lease:{p}"); n != strconv.Itoa(limit) {
+				t.Fatalf("the set holds %s leases, want %d", n, limit)
+			}
+		})
+	}
+}
+
+// Releasing leases in any order keeps the index of those held right (a
+// release finds its lease by its index, in constant time).
+func TestRedisLeaseReleasesInAnyOrder(t *testing.T) {
+	srv := redistest.Start(t)
+	r := NewRedisLeases(newTestRedis(t, srv))
+	defer r.Close()
+	ls := acquireN(t, r, "p", 20, 0)
+	for _, i := range []int{3, 19, 0, 7, 8, 18, 1, 12, 15, 10} {
+		ls[i].Release()
+		ls[i].Release() // a second release does nothing
+	}
+	r.mu.Lock()
+	held := r.heldBy[r.key("p")]
+	for i, l := range held {
+		if l.at != i {
+			t.Errorf("lease %s at %d says %d", l.member, i, l.at)
+		}
+	}
+	r.mu.Unlock()
+	if len(held) != 10 {
+		t.Fatalf("%d leases held, want 10", len(held))
+	}
+	for deadline := time.Now().Add(redisWait); srv.MustCLI("ZCARD", "sse:lease:{p}") != "10"; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("Redis holds %s leases, want 10", srv.MustCLI("ZCARD", "sse:lease:{p}"))
+		}
+	}
+}
+
+// BenchmarkRedisLeaseAcquire: a principal's streams starting and ending
+// (an Acquire and a Release of a lease), 128 at a time, while this
+// instance holds held other leases of the same principal.
+func BenchmarkRedisLeaseAcquire(b *testing.B) {
+	for _, held := range []int{0, 1000, 5000} {
+		b.Run("held="+strconv.Itoa(held), func(b *testing.B) {
+			srv := redistest.Start(b)
+			r := NewRedisLeases(newTestRedis(b, srv))
+			defer r.Close()
+			ctx := context.Background()
+			for range held {
+				if _, err := r.Acquire(ctx, "p", 0, time.Minute); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.SetParallelism(64)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					l, err := r.Acquire(ctx, "p", 0, time.Minute)
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					l.Release()
+				}
+			})
+		})
 	}
 }
