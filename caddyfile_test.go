@@ -2,6 +2,7 @@ package caddysse
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -114,5 +115,54 @@ func TestCaddyfileFull(t *testing.T) {
 	}
 	if strings.Join(h.Channels, " ") != "a b c" || h.Heartbeat != -1 || h.HistorySize != 10 || h.HistoryMaxAge != 0 {
 		t.Fatalf("parsed %+v", h)
+	}
+}
+
+// An unknown subdirective is an error naming the file and line wherever it
+// is: in the sse block, in its publish and redis blocks, and in a block
+// opened after a subdirective that takes none.
+func TestUnknownSubdirectiveAnywhereNamesFileAndLine(t *testing.T) {
+	cases := []struct{ name, body, want string }{
+		{"sse block", "\t\tchannel a\n\t\tbogus 1\n", `unrecognized sse subdirective "bogus"`},
+		{"publish block", "\t\tchannel a\n\t\tpublish {\n\t\t\tsecret s\n\t\t\tbogus 1\n\t\t}\n", `unrecognized publish subdirective "bogus"`},
+		{"redis block", "\t\tchannel a\n\t\tredis {\n\t\t\turl redis://127.0.0.1:1\n\t\t\tbogus 1\n\t\t}\n", `unrecognized redis subdirective "bogus"`},
+		{"block after a setting", "\t\tchannel a\n\t\theartbeat 15s {\n\t\t\tbogus 1\n\t\t}\n", "unrecognized sse subdirective"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			input := ":8080 {\n\tsse /events {\n" + tc.body + "\t}\n}\n"
+			// the line of "bogus", or of the brace before it
+			line := 1 + strings.Count(input[:strings.Index(input, "bogus")], "\n")
+			if tc.name == "block after a setting" {
+				line--
+			}
+			_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(input), map[string]any{"filename": "Caddyfile.test"})
+			want := fmt.Sprintf("Caddyfile.test:%d", line)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), want) {
+				t.Fatalf("error %v, want %q naming %s", err, tc.want, want)
+			}
+		})
+	}
+}
+
+// namespace "{$TENANT}" with TENANT unset is no namespace, as README
+// says; unquoted, the unset variable leaves namespace without its
+// argument, an error naming the line (not a silent merge of tenants).
+func TestNamespaceFromAnUnsetVariable(t *testing.T) {
+	const unset = "CADDY_SSE_TEST_SURELY_UNSET_TENANT"
+	if _, set := os.LookupEnv(unset); set {
+		t.Fatalf("%s must not be set", unset)
+	}
+	site := ":8080 {\n\tsse /events {\n\t\tchannel a\n\t\tnamespace %s\n\t}\n}\n"
+	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(fmt.Sprintf(site, `"{$`+unset+`}"`)), map[string]any{"filename": "Caddyfile.test"})
+	if err != nil {
+		t.Fatalf("quoted: %v", err)
+	}
+	if strings.Contains(string(cfg), `"namespace"`) {
+		t.Fatalf("quoted and unset, the handler still has a namespace: %s", cfg)
+	}
+	_, _, err = caddyconfig.GetAdapter("caddyfile").Adapt([]byte(fmt.Sprintf(site, `{$`+unset+`}`)), map[string]any{"filename": "Caddyfile.test"})
+	if err == nil || !strings.Contains(err.Error(), "Caddyfile.test:4") {
+		t.Fatalf("unquoted and unset: error %v, want one naming Caddyfile.test:4", err)
 	}
 }
