@@ -52,17 +52,22 @@ const (
 
 // Handler serves Server-Sent Events: a GET (or HEAD) opens a stream of the
 // channels named by Channels, a POST with a bearer secret publishes an event
-// (when Publish is set). All handlers of a process share one embedded hub,
-// so an event published on one route or site reaches the subscribers of
-// every other.
+// (when Publish is set). All handlers of a process without Redis share one
+// embedded hub (and those with the same Redis settings one Redis hub), so
+// an event published on one route or site reaches the subscribers of every
+// other.
 type Handler struct {
 	// Channels are the templates of the channels a stream subscribes to.
 	// Request placeholders are replaced per request, for example
-	// "user:{http.auth.user.id}" or "{http.request.uri.query.channels}". A
-	// template that resolves to a comma-separated list names several
-	// channels. A template with an empty or unknown placeholder rejects the
-	// request with 403 channel_unresolved. Without channels the route only
-	// publishes.
+	// "user:{http.auth.user.id}" or "{http.request.uri.query.channels}".
+	// Commas in a template's text separate channels; a placeholder whose
+	// value is a comma-separated list (or a repeated query parameter) names
+	// one channel per item, each with the template's text around it:
+	// "public:{http.request.uri.query.topics}" with topics=a,b is public:a
+	// and public:b. A template with an empty or unknown placeholder rejects
+	// the request with 403 channel_unresolved. A brace that opens or closes
+	// no placeholder is a configuration error. Without channels the route
+	// only publishes.
 	Channels []string `json:"channels,omitempty"`
 
 	// Namespace prefixes every channel of this handler (as
@@ -88,7 +93,8 @@ type Handler struct {
 
 	// HistoryBytes bounds the size of a channel's kept events, so that a few
 	// large events cannot hold a lot of memory. Default: 4 MiB. It must be at
-	// least MaxEventSize.
+	// least MaxEventSize plus 264 bytes (the largest event type and an
+	// entry's own cost).
 	HistoryBytes int64 `json:"history_bytes,omitempty"`
 
 	// ReplayLimit is the most events replayed per channel to a client that
@@ -97,7 +103,9 @@ type Handler struct {
 	ReplayLimit int `json:"replay_limit,omitempty"`
 
 	// MaxChannels is the most channels one stream may subscribe to (after
-	// templates are resolved and split). Default: 32.
+	// templates are resolved and split), and one publish may name.
+	// Default: 32. At most 423, so that a stream's Last-Event-ID (a
+	// position per channel) stays under 16 KiB.
 	MaxChannels int `json:"max_channels,omitempty"`
 
 	// CloseJitter spreads the reconnections after a reload or shutdown: each
@@ -116,13 +124,16 @@ type Handler struct {
 	// Default: 500.
 	Queue int `json:"queue,omitempty"`
 
-	// QueueBytes bounds the size of the events waiting for one stream.
-	// Default: 1 MiB.
+	// QueueBytes bounds the size of the events waiting for one stream (an
+	// empty queue takes any one event). Default: 1 MiB. It must be at least
+	// MaxEventSize.
 	QueueBytes int64 `json:"queue_bytes,omitempty"`
 
-	// SlowClientTimeout is how long one write to a stream may block before
-	// the stream is ended. It replaces the server's write timeouts for
-	// streams, which would otherwise cut every long stream. Default: 30s.
+	// SlowClientTimeout is how long one write to a stream may block, or its
+	// queue stay overflowed, before the stream is ended as a slow client
+	// (and the client throttled, see Throttle). It replaces the server's
+	// write timeouts for streams, which would otherwise cut every long
+	// stream. Default: 30s.
 	SlowClientTimeout caddy.Duration `json:"slow_client_timeout,omitempty"`
 
 	// Principal is the template of who owns a stream, used for the
@@ -153,7 +164,7 @@ type Handler struct {
 	// an instance that dies without giving it back, so that the principal
 	// is admitted elsewhere within that time. Only a backend shared by
 	// several instances (Redis) uses it: the embedded hub's leases end with
-	// the process. Default: 15s.
+	// the process. Default: 15s; at least 100ms.
 	LeaseTTL caddy.Duration `json:"lease_ttl,omitempty"`
 
 	// Rejections chooses how temporary refusals of a stream (429 throttled
