@@ -55,6 +55,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		name, input, want string
 	}{
 		{"unknown subdirective", "sse {\n\tchanel a\n}", `unrecognized sse subdirective "chanel"`},
+		{"stray comma in a channel", "sse {\n\tchannel news,\n}", "empty channel"},
 		{"argument after directive", "sse extra {\n\tchannel a\n}", "wrong argument count"},
 		{"channel without template", "sse {\n\tchannel\n}", "wrong argument count"},
 		{"bad duration", "sse {\n\theartbeat soon\n}", "positive duration"},

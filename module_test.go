@@ -29,6 +29,13 @@ func TestValidate(t *testing.T) {
 		{"stray closing brace", func(h *Handler) { h.Channels = []string{"a}"} }, "brace"},
 		{"empty placeholder", func(h *Handler) { h.Channels = []string{"a:{}"} }, "brace"},
 		{"escaped brace", func(h *Handler) { h.Channels = []string{`a\{b\}`} }, "brace"},
+		// text that can never be a channel: every stream was refused 400
+		// channel_invalid ("empty channel name"), though the config loaded
+		{"stray trailing comma", func(h *Handler) { h.Channels = []string{"news,"} }, "empty channel"},
+		{"empty item between commas", func(h *Handler) { h.Channels = []string{"news, ,alerts"} }, "empty channel"},
+		{"empty item beside a placeholder", func(h *Handler) { h.Channels = []string{",user:{query.id}"} }, "empty channel"},
+		{"control character", func(h *Handler) { h.Channels = []string{"news\x01"} }, "control character"},
+		{"too long", func(h *Handler) { h.Channels = []string{strings.Repeat("n", MaxChannelNameLen+1)} }, "longer than"},
 		{"namespace with colon", func(h *Handler) { h.Namespace = "a:b" }, "namespace"},
 		{"namespace with brace", func(h *Handler) { h.Namespace = "a{" }, "namespace"},
 		{"history below event size", func(h *Handler) { h.HistoryBytes = h.MaxEventSize - 1 }, "history_bytes"},

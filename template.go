@@ -133,11 +133,43 @@ func (p templatePart) resolve(r *http.Request, repl *caddy.Replacer) (string, bo
 // not open or close a placeholder ("user:{query.id", a typo, or an escaped
 // brace): no channel name may hold one (SPEC S1), so the config would load
 // and refuse every stream with 400 channel_invalid.
+//
+// It also refuses a channel of the template's own text, with no
+// placeholder, that is no valid channel name ("news," names an empty one):
+// it would be the same for every request, and refuse every stream.
 func checkChannelTemplate(tmpl string) error {
 	if !placeholderBraces(tmpl) {
 		return fmt.Errorf("channel %q: every brace must open or close a placeholder (a channel name cannot hold one)", tmpl)
 	}
+	for _, item := range constantItems(tmpl) {
+		if err := validateChannelName(strings.TrimSpace(item)); err != nil {
+			return fmt.Errorf("channel %q: %v (commas in a template separate channels)", tmpl, err)
+		}
+	}
 	return nil
+}
+
+// constantItems returns the comma-separated items of a channel template
+// (whose braces placeholderBraces accepts) that hold no placeholder: the
+// channels it names the same for every request.
+func constantItems(tmpl string) []string {
+	var items []string
+	start, placeholders, inside := 0, 0, false
+	for i := 0; i <= len(tmpl); i++ {
+		switch {
+		case i == len(tmpl) || (tmpl[i] == ',' && !inside):
+			if placeholders == 0 {
+				items = append(items, tmpl[start:i])
+			}
+			start, placeholders = i+1, 0
+		case tmpl[i] == '{':
+			inside = true
+			placeholders++
+		case tmpl[i] == '}':
+			inside = false
+		}
+	}
+	return items
 }
 
 // checkPrincipalTemplate refuses a principal template with a brace that
