@@ -68,7 +68,7 @@ wait_for() { # file text
 say "1. a subscriber on B, events published on A"
 curl -sN "http://127.0.0.1:$B_PORT/events?channels=orders" >"$work/sub-b.txt" &
 pids+=($!)
-sleep 0.5 # let B subscribe to the channel in Redis
+wait_for "$work/sub-b.txt" ": ok" # the stream is live (B follows the channel in Redis) once it says ok
 for n in 1 2 3; do publish "$A_PORT" "order-$n" >/dev/null; done
 wait_for "$work/sub-b.txt" "order-3"
 cat "$work/sub-b.txt"
@@ -76,7 +76,7 @@ cat "$work/sub-b.txt"
 say "2. a client reads from A, leaves, and resumes on B with its Last-Event-ID"
 curl -sN "http://127.0.0.1:$A_PORT/events?channels=orders" >"$work/sub-a.txt" &
 client=$!
-sleep 0.5
+wait_for "$work/sub-a.txt" ": ok"
 publish "$A_PORT" "order-4" >/dev/null
 wait_for "$work/sub-a.txt" "order-4"
 kill "$client"
