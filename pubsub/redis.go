@@ -69,17 +69,20 @@ type Redis struct {
 	watch   *watcher
 	local   localFallback
 
-	onClose     []func() // run by Close before the client closes
-	reconnects  atomic.Uint64
-	badWarned   sync.Map // channels warned of invalid events (warnBad)
-	up          atomic.Bool
-	scriptsOnly atomic.Bool // functions are forbidden: run scripts
-	loads       libraryLoads
-	probes      probes // of Redis while it is down
-	stateMu     sync.Mutex
-	wentDown    chan struct{} // closed when Redis stops answering; replaced when it answers again
-	downLogged  bool
-	closed      atomic.Bool
+	onClose       []func() // run by Close before the client closes
+	reconnects    atomic.Uint64
+	badWarned     sync.Map // channels warned of invalid events (warnBad)
+	up            atomic.Bool
+	scriptsOnly   atomic.Bool // functions are forbidden: run scripts
+	loads         libraryLoads
+	sweepingLoads atomic.Bool   // loadFunctions' load on every primary is under way
+	owedLoads     sync.Map      // primaries whose load waits for them to answer (loadWhenBack), by address
+	quit          chan struct{} // closed by Close
+	probes        probes        // of Redis while it is down
+	stateMu       sync.Mutex
+	wentDown      chan struct{} // closed when Redis stops answering; replaced when it answers again
+	downLogged    bool
+	closed        atomic.Bool
 }
 
 // NewRedis returns a Redis broker. It does not connect: the first publish,
@@ -96,6 +99,7 @@ func NewRedis(opts RedisOptions, deliver DeliverFunc) (*Redis, error) {
 	goRedisLogs.push(opts.Logger)
 	b.up.Store(true)
 	b.wentDown = make(chan struct{})
+	b.quit = make(chan struct{})
 	b.local.epoch = newLocalEpoch()
 	b.local.seqs = make(map[string]uint64)
 	b.watch = newWatcher(b)
@@ -325,6 +329,12 @@ func (b *Redis) call(ctx context.Context, key, function string, readOnly bool, a
 			reply, err = b.fcall(ctx, b.client, key, function, readOnly, args...)
 		}
 	}
+	if isFunctionMissing(err) && b.cluster != nil {
+		// redirected (ASK) to a primary importing the slot, whose load
+		// loadFunctions did not wait for
+		b.loadOnEveryPrimary(ctx)
+		reply, err = b.fcall(ctx, b.client, key, function, readOnly, args...)
+	}
 	return reply, b.classify(err)
 }
 
@@ -366,20 +376,75 @@ func (b *Redis) fcall(ctx context.Context, c fcaller, key, function string, read
 }
 
 // loadFunctions loads the library where a call found it missing: on a
-// single Redis, there; on a cluster, on every primary, since the call
-// may have been redirected to one that is not yet the key's (a slot being
-// migrated to a primary just added), and each primary loads it once.
+// single Redis, there; on a cluster, on the primary of key, and on every
+// other primary too, since the call may have been redirected to one that
+// is not yet the key's (a slot being migrated to a primary just added).
+// Only the key's primary is waited for: a primary that is down (or hangs)
+// must not fail, or hold up, a call that the key's primary can serve; the
+// library is loaded there once it answers again (loadWhenBack).
 func (b *Redis) loadFunctions(ctx context.Context, key string) error {
-	if b.cluster != nil {
-		return b.cluster.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
-			return b.loadOn(ctx, node)
-		})
-	}
 	node, err := b.nodeFor(ctx, key)
 	if err != nil {
 		return err
 	}
+	if b.cluster != nil && b.sweepingLoads.CompareAndSwap(false, true) {
+		// one sweep at a time: a burst of calls on a fresh cluster all
+		// find the library missing
+		go func() {
+			defer b.sweepingLoads.Store(false)
+			ctx, cancel := context.WithTimeout(context.Background(), libraryLoadTimeout)
+			defer cancel()
+			b.loadOnEveryPrimary(ctx)
+		}()
+	}
 	return b.loadOn(ctx, node)
+}
+
+// loadOnEveryPrimary loads the library on every primary of the cluster
+// (or waits for the loads under way), and has it loaded later on those
+// that do not answer now.
+func (b *Redis) loadOnEveryPrimary(ctx context.Context) {
+	_ = b.cluster.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+		if err := b.loadOn(ctx, node); err != nil && !functionsForbidden(err) && !b.closed.Load() {
+			b.loadWhenBack(node.Options().Addr, err)
+		}
+		return nil
+	})
+}
+
+// loadWhenBack loads the library on the primary at addr, which could not
+// load it now (err), as soon as it answers: a backend that publishes
+// straight into Redis (FCALL) needs it there, and caddy-sse may make no
+// call of its own there for a long while. One retry loop per primary; it
+// ends once the library is loaded, the primary is no longer one (its slots
+// failed over), the broker closes, or functions are forbidden.
+func (b *Redis) loadWhenBack(addr string, err error) {
+	if _, running := b.owedLoads.LoadOrStore(addr, true); running {
+		return
+	}
+	b.log().Warn("could not load the sse Redis functions on a primary; loading them there once it answers",
+		zap.String("node", addr), zap.Error(err))
+	go func() {
+		defer b.owedLoads.Delete(addr)
+		wait := 100 * time.Millisecond
+		for {
+			select {
+			case <-time.After(wait):
+			case <-b.quit:
+				return
+			}
+			wait = min(2*wait, 2*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), libraryLoadTimeout)
+			node, err := b.primaryAtNow(ctx, addr)
+			if err == nil && node != nil {
+				err = b.loadOn(ctx, node)
+			}
+			cancel()
+			if err == nil || functionsForbidden(err) || b.closed.Load() {
+				return // loaded, or no longer a primary
+			}
+		}
+	}()
 }
 
 // publishWhileMigrating publishes without the token when the call with it
@@ -437,9 +502,16 @@ func movedTo(err error) (string, bool) {
 
 // primaryAt returns the cluster primary at addr, nil if there is none.
 func (b *Redis) primaryAt(ctx context.Context, addr string) *redis.Client {
+	found, _ := b.primaryAtNow(ctx, addr)
+	return found
+}
+
+// primaryAtNow is primaryAt, with the error if the cluster's state could
+// not be had.
+func (b *Redis) primaryAtNow(ctx context.Context, addr string) (*redis.Client, error) {
 	var found *redis.Client
 	var mu sync.Mutex
-	_ = b.cluster.ForEachMaster(ctx, func(_ context.Context, node *redis.Client) error {
+	err := b.cluster.ForEachMaster(ctx, func(_ context.Context, node *redis.Client) error {
 		if node.Options().Addr == addr {
 			mu.Lock()
 			found = node
@@ -447,7 +519,7 @@ func (b *Redis) primaryAt(ctx context.Context, addr string) *redis.Client {
 		}
 		return nil
 	})
-	return found
+	return found, err
 }
 
 // loadOn loads the library on node, or waits for the load of it that is
@@ -576,6 +648,7 @@ func (b *Redis) Close() error {
 	if b.closed.Swap(true) {
 		return nil
 	}
+	close(b.quit)
 	b.watch.close()
 	for _, f := range b.onClose {
 		f()

@@ -330,3 +330,49 @@ func TestRedisStallWatchAfterTheAnswerLeavesRedisUp(t *testing.T) {
 		t.Fatal("Redis left down after a publish that was answered")
 	}
 }
+
+// The library is loaded lazily on every primary. A primary that is down
+// when it is (here at start: the first publish finds it missing) neither
+// fails nor holds up a publish to a channel whose slot a healthy primary
+// serves (the load on every primary returned the dead one's error, and the
+// publish failed with it, marking Redis down), and it gets the library
+// once it is back, although no call of caddy-sse lands there: a backend
+// publishing straight into Redis (FCALL) needs it.
+func TestRedisClusterLibraryLoadWithAPrimaryDown(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	for _, n := range cluster.Nodes {
+		// the healthy primaries go on serving their slots meanwhile
+		n.MustCLI("CONFIG", "SET", "cluster-require-full-coverage", "no")
+	}
+	healthy, elsewhere := channelInSlot(t, 100), channelInSlot(t, 16000)
+	down := cluster.NodeOfSlot(t, redistest.SlotOf(elsewhere))
+	if down == cluster.NodeOfSlot(t, redistest.SlotOf(healthy)) {
+		t.Fatal("the channels are on one primary")
+	}
+	down.Kill()
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: cluster.Addrs(), DialTimeout: 300 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := hub.Publish(ctx, healthy, Message{Data: []byte("first")}, testLimits); err != nil {
+		t.Fatalf("the first publish to a healthy primary while another is down: %v", err)
+	}
+	if !broker.Available() {
+		t.Fatal("Redis marked down by a primary that serves none of the publish's keys")
+	}
+
+	// the load on every primary has met the dead one
+	for deadline := time.Now().Add(redisWait); broker.sweepingLoads.Load(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the library's load on every primary did not end")
+		}
+	}
+
+	down.Restart()
+	for deadline := time.Now().Add(redisWait); !strings.Contains(down.MustCLI("FUNCTION", "LIST"), "caddysse_v1"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the library was not loaded on the primary once it was back")
+		}
+	}
+	cluster.WaitOK(t)
+	publishTo(t, hub, elsewhere, "back")
+}
