@@ -137,3 +137,66 @@ func reloadUntilTheStreamEnds(t *testing.T, srv *testServer, site string, c *sse
 	t.Logf("the stream ended %v after the reload began (server_closing: %v); the reload took %v", took.Round(10*time.Millisecond), closing, (<-reloaded).Round(10*time.Millisecond))
 	return took, closing
 }
+
+// Two handlers of one Redis share its hub and its channels, each with its
+// own history settings: a channel published through the one that keeps
+// 100000 events holds them all, whatever the other keeps. A stream of the
+// handler that keeps 10 whose queue overflowed by hundreds of events read
+// its catch-up with its own history size, so the read came back truncated
+// and the stream ended (its reconnect replayed the same events, which
+// replay_limit allows): it must catch up on the events, which the history
+// holds and its replay_limit covers, and go on.
+func TestCatchUpReadsAGapAnotherHandlersHistoryHolds(t *testing.T) {
+	rds := redistest.Start(t)
+	settings := "redis {\n\t\t\turl " + rds.URL() + "\n\t\t\tcheck_interval 300ms\n\t\t}"
+	srv := startCaddy(t, `
+:{PORT} {
+	sse /small {
+		channel {query.channels}
+		`+settings+`
+		history 10
+		queue 4
+		max_event_size 16KiB
+		slow_client_timeout 60s
+		throttle off
+	}
+	sse /events {
+		channel {query.channels}
+		`+settings+`
+		history 100000
+		history_bytes 512MiB
+		max_event_size 16KiB
+		publish {
+			secret `+testSecret+`
+		}
+	}
+}
+`)
+	c, tap := openValved(t, srv.base+"/small?channels=a", smallReceiveBuffer())
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
+	srv.publish("/events", map[string]any{"channel": "a", "data": "warm"})
+	first := c.next()
+	if first.Data != "warm" {
+		t.Fatalf("got %+v", first)
+	}
+	tap.stall()
+	n := srv.publishConcurrently(strings.Repeat("x", 16000), 600, 4) // ~9.6 MB: more than the sockets hold
+	tap.resume()
+	want := seqOf(t, first.ID).Seq
+	for range n {
+		var ev sseEvent
+		var ok bool
+		select {
+		case ev, ok = <-c.events:
+		case <-time.After(waitFor):
+			t.Fatalf("no event within the deadline after seq %d", want)
+		}
+		if !ok {
+			t.Fatalf("the stream ended after seq %d of %d: its catch-up was cut to its handler's history (10), though the channel's history holds the gap", want, n+1)
+		}
+		want++
+		if got := seqOf(t, ev.ID).Seq; got != want {
+			t.Fatalf("event seq %d, want %d: a hole or a duplicate", got, want)
+		}
+	}
+}

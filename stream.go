@@ -536,9 +536,14 @@ func (s *stream) writeFresh(q queued, at replay.Position) (wrote bool, err error
 
 // repair writes the events of a channel's history that follow the stream's
 // position. If the history no longer follows on from it, the stream ends.
+//
+// It reads at most catchUpLimit events: the channel's history is that of
+// its publishers (other handlers of the hub may keep more than this one),
+// and ending the stream would only have its reconnect replay the same
+// events, up to replay_limit.
 func (s *stream) repair(ctx context.Context, slot int) (bool, error) {
 	at := s.cursor[slot].Pos
-	page, err := s.readHistory(ctx, slot, &at, s.h.HistorySize)
+	page, err := s.readHistory(ctx, slot, &at, s.catchUpLimit())
 	if err != nil {
 		return false, err
 	}
@@ -552,6 +557,15 @@ func (s *stream) repair(ctx context.Context, slot int) (bool, error) {
 	}
 	return len(page.Events) > 0, nil
 }
+
+// catchUpLimit is the most events a stream reads to fill a gap (a queue
+// overflow, a missed announcement): as many as a reconnect would replay
+// (replay_limit), or as its handler keeps (history) if that is more. The
+// history it reads may hold more than the handler's own history: handlers
+// that share a hub share its channels, and each publishes with its own
+// history settings. A gap the history covers is filled as long as the
+// stream's own limits allow, instead of the stream ending as truncated.
+func (s *stream) catchUpLimit() int { return max(s.h.ReplayLimit, s.h.HistorySize) }
 
 // readHistory reads the events of a channel's history after from (the
 // newest if from is nil), at most limit. Once the stream is open it gives up
