@@ -67,6 +67,9 @@ type hubStats struct {
 	TopChannels   []channelStat   `json:"top_channels"`
 	TopPrincipals []principalStat `json:"top_principals"`
 	ClusterError  string          `json:"cluster_error,omitempty"`
+	// SubscribeError is Redis' refusal of the subscription of channels
+	// (an ACL): their streams get no live events, new ones open degraded
+	SubscribeError string `json:"subscribe_error,omitempty"`
 }
 
 type channelStat struct {
@@ -86,6 +89,7 @@ type statsSource interface {
 	Census() *pubsub.Census
 	TopChannels(n int) ([]pubsub.Count, int)
 	Leases() pubsub.Leases
+	Broker() pubsub.Broker
 }
 
 func (AdminStats) serveStats(w http.ResponseWriter, r *http.Request) error {
@@ -163,6 +167,11 @@ func collectHubStats(ctx context.Context, src pooledSource, n int) hubStats {
 	hs.TopPrincipals = make([]principalStat, len(principals))
 	for i, p := range principals {
 		hs.TopPrincipals[i] = principalStat{Principal: p.Name, Streams: p.Streams}
+	}
+	if rep, ok := src.Broker().(pubsub.BackendReporter); ok {
+		if st := rep.BackendStatus(); st.Denied > 0 {
+			hs.SubscribeError = fmt.Sprintf("redis refuses the subscription of %d channels: %s", st.Denied, st.DeniedError)
+		}
 	}
 	if counter, ok := src.Leases().(pubsub.LeaseCounter); ok && len(principals) > 0 {
 		hs.ClusterError = addClusterCounts(ctx, counter, hs.TopPrincipals)

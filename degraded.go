@@ -3,11 +3,13 @@ package caddysse
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"slices"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/caddy-sse/caddy-sse/pubsub"
 	"github.com/caddy-sse/caddy-sse/replay"
 	"github.com/caddy-sse/caddy-sse/wire"
 )
@@ -31,9 +33,9 @@ import (
 // that position are the ones published since the stream opened, for Redis
 // was down when it did (opened). Others start at the time the stream
 // opened (addSinceOpened).
-func (s *stream) degrade(idText string) {
+func (s *stream) degrade(idText string, cause error) {
 	d := s.rareState()
-	d.idText, d.unknown = idText, newSlotBits(len(s.cursor))
+	d.idText, d.cause, d.unknown = idText, cause, newSlotBits(len(s.cursor))
 	cursor, _ := replay.ParseCursor(idText)
 	for slot := range s.cursor {
 		if pos, named := replay.Lookup(cursor, s.cursor[slot].Hash); named {
@@ -68,9 +70,21 @@ func (s *stream) idEntries() []replay.ChannelPosition {
 }
 
 // writeDegraded tells the client that its stream is live-only for now.
+// While Redis refuses this instance the subscriptions of the channels (an
+// ACL), the broker logs that itself, rate-limited: each stream is logged
+// at debug level only.
 func (s *stream) writeDegraded() error {
-	s.h.logger.Warn("stream opened without history: the backend is unreachable",
-		zap.Strings("channels", s.names), zap.String("principal", s.who.principal))
+	level, msg := zap.WarnLevel, "stream opened without history: the backend is unreachable"
+	var cause error
+	if r := s.rare.Load(); r != nil {
+		cause = r.cause
+	}
+	if errors.Is(cause, pubsub.ErrSubscribeDenied) {
+		level, msg = zap.DebugLevel, "stream opened without history: Redis refuses the subscription of its channels"
+	}
+	if ce := s.h.logger.Check(level, msg); ce != nil {
+		ce.Write(zap.Strings("channels", s.names), zap.String("principal", s.who.principal), zap.NamedError("reason", cause))
+	}
 	data, _ := json.Marshal(map[string][]string{"channels": s.names})
 	s.buf = wire.AppendEnd(wire.AppendEvent(s.buf[:0], wire.TypeDegraded, data))
 	if err := s.out.Write(s.buf); err != nil {

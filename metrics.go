@@ -207,7 +207,7 @@ func (m *metrics) queueDepth(events int) {
 // every hub whose broker implements pubsub.BackendReporter. It reports
 // nothing while no hub has such a broker (the embedded hub).
 type backendCollector struct {
-	up, reconnects, channels *prometheus.Desc
+	up, reconnects, channels, denied *prometheus.Desc
 
 	mu sync.Mutex
 	// seen holds the reconnections of each hub (by its key in the pool) as
@@ -226,6 +226,8 @@ func newBackendCollector() *backendCollector {
 			"Connections to Redis backends made again after one was lost (one per outage, however many attempts it took).", nil, nil),
 		channels: prometheus.NewDesc("caddy_sse_redis_channels_subscribed",
 			"Channels subscribed to on Redis backends.", nil, nil),
+		denied: prometheus.NewDesc("caddy_sse_redis_channels_denied",
+			"Channels whose subscription Redis refuses this instance's user (ACL: SSUBSCRIBE or the shard channels): their streams get no live events, and new ones open degraded.", nil, nil),
 	}
 }
 
@@ -234,12 +236,13 @@ func (c *backendCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.up
 	ch <- c.reconnects
 	ch <- c.channels
+	ch <- c.denied
 }
 
 // Collect sums the status of the hubs' backends.
 func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
 	found, up := false, true
-	var channels int
+	var channels, denied int
 	reconnects := map[any]uint64{}
 	c.mu.Lock() // two registries may collect at once (a reload): one at a time
 	defer c.mu.Unlock()
@@ -256,6 +259,7 @@ func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
 		found, up = true, up && st.Up
 		reconnects[key] = st.Reconnects
 		channels += st.Channels
+		denied += st.Denied
 		return true
 	})
 	total := c.reconnectsSoFar(reconnects)
@@ -269,6 +273,7 @@ func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, upValue)
 	ch <- prometheus.MustNewConstMetric(c.reconnects, prometheus.CounterValue, float64(total))
 	ch <- prometheus.MustNewConstMetric(c.channels, prometheus.GaugeValue, float64(channels))
+	ch <- prometheus.MustNewConstMetric(c.denied, prometheus.GaugeValue, float64(denied))
 }
 
 // reconnectsSoFar returns the reconnections of the hubs in use (now, by

@@ -211,6 +211,7 @@ func (s *stream) hasQueued() bool {
 // stream's writer.
 type rareState struct {
 	idText string // the client's cursor, for the replay once Redis is back
+	cause  error  // why the stream opened degraded
 	// unknown marks the slots whose position a degraded stream does not
 	// know: they are left out of its ids until it writes one of their
 	// events; nil once it recovered

@@ -85,7 +85,7 @@ func (h *Handler) openStream(w http.ResponseWriter, r *http.Request) (*stream, s
 	switch {
 	case errors.Is(err, pubsub.ErrUnavailable):
 		// SPEC S9: open live-only, say so, and replay once Redis is back
-		s.degrade(lastEventID(r))
+		s.degrade(lastEventID(r), err)
 		start = startingPoint{}
 	case err != nil:
 		return nil, startingPoint{}, h.reject(w, r, &rejection{status: http.StatusServiceUnavailable, code: "history_unavailable", detail: err.Error()}, time.Second)

@@ -79,6 +79,7 @@ type Redis struct {
 	owedLoads     sync.Map      // primaries whose load waits for them to answer (loadWhenBack), by address
 	quit          chan struct{} // closed by Close
 	probes        probes        // of Redis while it is down
+	denials       denials       // shards whose subscriptions Redis refuses (redis_denied.go)
 	stateMu       sync.Mutex
 	wentDown      chan struct{} // closed when Redis stops answering; replaced when it answers again
 	downLogged    bool
@@ -272,6 +273,10 @@ func (b *Redis) Read(ctx context.Context, channel string, after *replay.Position
 		if head, ok := b.watch.startAt(ctx, key); ok {
 			return replay.Page{Head: head}, nil
 		}
+	}
+	if b.watch.denied(key) {
+		// its events cannot arrive: a stream opens degraded (redis_denied.go)
+		return replay.Page{}, readDenied(b.deniedError())
 	}
 	page, bad, err := b.read(ctx, key, after, limit)
 	if bad > 0 {
@@ -634,7 +639,13 @@ func (b *Redis) Available() bool { return b.up.Load() }
 
 // BackendStatus reports the connection to Redis, for the metrics.
 func (b *Redis) BackendStatus() BackendStatus {
-	return BackendStatus{Up: b.up.Load(), Reconnects: b.reconnects.Load(), Channels: b.watch.count()}
+	st := BackendStatus{Up: b.up.Load(), Reconnects: b.reconnects.Load(), Channels: b.watch.count()}
+	if st.Denied = b.watch.countDenied(); st.Denied > 0 {
+		if err := b.deniedError(); err != nil {
+			st.DeniedError = err.Error()
+		}
+	}
+	return st
 }
 
 // Watch subscribes this instance to the channel's announcements.

@@ -576,3 +576,41 @@ func TestRedisThrottlesBeyondTheRepairLimitAreApplied(t *testing.T) {
 		}
 	}
 }
+
+// The throttles learn other instances' throttles from announcements on a
+// shard channel. While Redis refuses this instance that subscription (an
+// ACL changed to take SSUBSCRIBE away), none arrives: a lookup asks Redis,
+// rather than answer from what it loaded before the refusal (a client
+// another instance throttled meanwhile was let in).
+func TestRedisThrottlesAskRedisWhileTheirSubscriptionIsRefused(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.MustCLI("ACL", "SETUSER", "b", "on", ">secret", "~*", "&*", "+@all")
+	newHub := func(opts RedisOptions) *RedisThrottles {
+		opts.Addrs, opts.CheckInterval = []string{srv.Addr()}, 200*time.Millisecond
+		hub, err := NewRedisHub(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = hub.Close() })
+		return hub.Throttles().(*RedisThrottles)
+	}
+	ctx := context.Background()
+	a, b := newHub(RedisOptions{}), newHub(RedisOptions{Username: "b", Password: "secret"})
+	_, _ = b.Remaining(ctx, "x")
+	waitLoaded(t, b)
+	srv.WaitShardSubscribers(t, b.b.Key(throttleChannel), 1)
+
+	srv.MustCLI("ACL", "SETUSER", "b", "-ssubscribe")
+	srv.MustCLI("CLIENT", "KILL", "USER", "b") // its subscription is made again, and refused
+	for deadline := time.Now().Add(redisWait); !b.b.watch.denied(b.b.Key(throttleChannel)); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the refused subscription of the announcements was not noticed")
+		}
+	}
+	if err := a.Throttle(ctx, "k|1.2.3.4", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if left, err := b.Remaining(ctx, "k|1.2.3.4"); err != nil || left < 50*time.Second {
+		t.Fatalf("a throttle of another instance while the announcements' subscription is refused: %v left (%v), want about a minute", left, err)
+	}
+}

@@ -35,6 +35,10 @@ type shard struct {
 	quit      chan struct{}
 	closed    bool
 	parked    bool // run waits for a channel (parkIfEmpty)
+	// denied is Redis' refusal of the shard's subscriptions (NOPERM: an
+	// ACL), until a connection has all of them confirmed; its watches are
+	// marked denied meanwhile (redis_denied.go).
+	denied error
 }
 
 // newShard returns a shard whose first full check is a check interval
@@ -56,6 +60,9 @@ func (s *shard) attach(key string, wt *watch) bool {
 	if had {
 		s.queueSyncLocked(key)
 	}
+	// while Redis refuses the shard's subscriptions, a new stream of the
+	// channel opens degraded at once; a confirmation clears it
+	wt.denied.Store(s.denied != nil)
 	return !had
 }
 
@@ -261,7 +268,7 @@ func (s *shard) run() {
 		for _, wt := range carried {
 			wt.lostSubscription()
 		}
-		if err != nil {
+		if err != nil && !errors.Is(err, errDenied) {
 			s.w.b.unavailable(err)
 			lost = true
 		}
@@ -336,9 +343,37 @@ func (s *shard) waitToReconnect(backoff time.Duration) bool {
 // for subscribe.
 func (s *shard) parkIfEmpty() bool {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.parked = len(s.keys) == 0
-	return s.parked
+	parked, denied := s.parked, s.denied != nil
+	s.mu.Unlock()
+	if parked && denied {
+		s.allow(false) // no channel of its own is refused any more
+	}
+	return parked
+}
+
+// deny records that Redis refused the shard's subscriptions (err): its
+// channels get no live events until a connection has them all confirmed.
+func (s *shard) deny(err error) {
+	s.mu.Lock()
+	s.denied = err
+	for _, wt := range s.keys {
+		wt.denied.Store(true)
+	}
+	s.mu.Unlock()
+	s.w.b.shardDenied(s.id, err)
+}
+
+// allow ends a refusal: every subscription of the connection is confirmed
+// (confirmed), or the shard carries no channel any more.
+func (s *shard) allow(confirmed bool) {
+	s.mu.Lock()
+	s.denied = nil
+	for _, wt := range s.keys {
+		wt.denied.Store(false)
+	}
+	s.mu.Unlock()
+	s.w.b.shardAllowed(s.id, confirmed)
 }
 
 // relocate sends the keys whose slots another primary serves now to the
@@ -405,6 +440,11 @@ func (s *shard) receive(ps *redis.PubSub) error {
 				continue
 			case errors.Is(err, redis.ErrClosed):
 				return nil // closed on purpose: kill or close
+			case isNoPerm(err):
+				// Redis answers, and would refuse them again on a new
+				// connection: not an outage (redis_denied.go)
+				s.deny(err)
+				return errDenied
 			default:
 				return err
 			}
@@ -429,6 +469,11 @@ func (s *shard) onSubscription(m *redis.Subscription) {
 		s.unconfirmed--
 		s.confirming = time.Now()
 		s.queueSyncLocked(m.Channel)
+		if s.denied != nil && s.unconfirmed <= 0 {
+			s.mu.Unlock()
+			s.allow(true)
+			return
+		}
 	case "sunsubscribe":
 		if !s.leftLocked(m.Channel) && ours {
 			// Redis unsubscribed us: the slot moved to another primary

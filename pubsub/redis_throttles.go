@@ -139,6 +139,12 @@ func (r *RedisThrottles) following() {
 // once, and go-redis opened its whole pool for them (20 connections, 1.6 MB
 // of buffers kept for half an hour).
 func (r *RedisThrottles) waitLoaded(ctx context.Context) bool {
+	refused := r.b.deniedSignal()
+	if r.b.watch.denied(r.b.Key(throttleChannel)) {
+		// Redis refuses the subscription of the announcements: those of
+		// other instances do not arrive, and Redis is asked instead
+		return false
+	}
 	select {
 	case <-r.ready:
 		return true
@@ -152,6 +158,7 @@ func (r *RedisThrottles) waitLoaded(ctx context.Context) bool {
 	case <-timer.C:
 	case <-ctx.Done():
 	case <-r.b.downSignal(): // Redis is down: no load to wait for
+	case <-refused: // perhaps the subscription of the announcements
 	}
 	return false
 }

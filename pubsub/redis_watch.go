@@ -3,6 +3,7 @@ package pubsub
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -53,6 +54,10 @@ type watch struct {
 	// head since; events may have been published meanwhile, so last is not
 	// where a new stream starts (delivered).
 	behind bool
+
+	// denied: Redis refuses the subscriptions of its shard (an ACL): no
+	// live event comes (redis_denied.go).
+	denied atomic.Bool
 
 	// ready is closed once last is known (or the watch is dropped): the
 	// streams that join a channel before its first sync wait for it
@@ -175,6 +180,10 @@ func (w *watcher) startAt(ctx context.Context, key string) (replay.Position, boo
 	if wt == nil {
 		return replay.Position{}, false
 	}
+	refused := w.b.deniedSignal() // before the flag: a refusal after it signals
+	if wt.denied.Load() {
+		return replay.Position{}, false
+	}
 	select {
 	case <-wt.ready:
 	default:
@@ -185,9 +194,31 @@ func (w *watcher) startAt(ctx context.Context, key string) (replay.Position, boo
 		case <-timer.C:
 		case <-ctx.Done():
 		case <-w.b.downSignal(): // no sync to wait for: the stream opens degraded
+		case <-refused: // its subscription may be the one refused (Read checks)
 		}
 	}
 	return wt.delivered()
+}
+
+// denied reports whether Redis refuses the subscription of the watched
+// channel of key.
+func (w *watcher) denied(key string) bool {
+	wt := w.lookup(key)
+	return wt != nil && wt.denied.Load()
+}
+
+// countDenied returns how many watched channels Redis refuses the
+// subscription of (not the internal channel of throttles).
+func (w *watcher) countDenied() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for key, wt := range w.byKey {
+		if wt.denied.Load() && key != w.b.Key(throttleChannel) {
+			n++
+		}
+	}
+	return n
 }
 
 // synced waits until the watch of key has had its first sync (or was
@@ -202,11 +233,16 @@ func (w *watcher) synced(ctx context.Context, key string) bool {
 	if wt == nil {
 		return false
 	}
+	refused := w.b.deniedSignal()
+	if wt.denied.Load() {
+		return false
+	}
 	select {
 	case <-wt.ready:
 		return true
 	case <-ctx.Done():
 	case <-w.b.downSignal():
+	case <-refused:
 	}
 	return false
 }

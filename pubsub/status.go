@@ -15,4 +15,9 @@ type BackendStatus struct {
 	Reconnects uint64
 	// Channels is how many channels the broker is subscribed to.
 	Channels int
+	// Denied is how many of them the backend refuses this instance the
+	// subscription of (a Redis ACL), with the backend's answer: their
+	// streams get no live events, and new ones open degraded.
+	Denied      int
+	DeniedError string
 }

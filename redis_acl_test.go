@@ -1,0 +1,111 @@
+package caddysse
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-sse/caddy-sse/internal/redistest"
+)
+
+// rejectedCalls is the rejected_calls of a command in Redis' INFO
+// commandstats (an ACL refusal is one).
+func rejectedCalls(t *testing.T, rds *redistest.Server, command string) int {
+	t.Helper()
+	for _, line := range strings.Split(rds.MustCLI("INFO", "commandstats"), "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+command+":"); ok {
+			for _, field := range strings.Split(rest, ",") {
+				if v, ok := strings.CutPrefix(field, "rejected_calls="); ok {
+					n, _ := strconv.Atoi(v)
+					return n
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// A Redis ACL user that may publish but not subscribe to the shard
+// channels (no SSUBSCRIBE). The refused subscription was taken for Redis
+// being unreachable: "redis is unreachable" and "reachable again" were
+// logged at every retry, every 2 s, and a new stream opened as if all was
+// well and never got an event. Redis answers: it is no outage, but its
+// channels cannot deliver, so SPEC S9's rules for that apply. The refusal
+// is logged once (at error level, naming the permission), the metrics and
+// the admin stats say so, a new stream opens degraded (sse_degraded) and,
+// once the ACL grants the subscriptions, gets what was published since it
+// opened and goes on live.
+func TestRedisUserThatMayNotSubscribe(t *testing.T) {
+	rds := redistest.Start(t)
+	rds.MustCLI("ACL", "SETUSER", "app", "on", ">pw", "~sse:*", "&sse:*", "+@all", "-ssubscribe")
+	logFile := filepath.Join(t.TempDir(), "sse.log")
+	admin := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	srv := startCaddy(t, `
+:{PORT} {
+	metrics /metrics
+	sse /events {
+		channel {query.channels}
+		redis {
+			url `+rds.URL()+`
+			username app
+			password pw
+			check_interval 300ms
+		}
+		heartbeat 200ms
+		publish {
+			secret `+testSecret+`
+		}
+	}
+}
+`, "admin "+admin, sseLog(logFile))
+	t.Cleanup(func() { _ = caddy.Load([]byte(`{"admin":{"disabled":true}}`), true) })
+	logs := func() string {
+		b, _ := os.ReadFile(logFile)
+		return string(b)
+	}
+
+	c := srv.subscribe("/events?channels=a", nil)
+	if ev := c.next(); ev.Type != "sse_degraded" {
+		t.Fatalf("first event %+v, want sse_degraded: a stream that can get no live event opened as if it could", ev)
+	}
+	// Redis refused the subscription a few times meanwhile (retries)
+	eventually(t, "the subscription to be refused three times", func() bool { return rejectedCalls(t, rds, "ssubscribe") >= 3 })
+	text := logs()
+	if n := strings.Count(text, "redis refuses this instance's subscriptions"); n != 1 {
+		t.Fatalf("the refusal was logged %d times, want once:\n%s", n, text)
+	}
+	if !strings.Contains(text, "+ssubscribe &sse:*") || !strings.Contains(text, `"level":"error"`) {
+		t.Fatalf("the refusal's log does not name what the user needs at error level:\n%s", text)
+	}
+	if strings.Contains(text, "unreachable") {
+		t.Fatalf("Redis answers, but was logged as unreachable:\n%s", text)
+	}
+	scrape := srv.scrape()
+	if metric(t, scrape, "caddy_sse_redis_up") != 1 || metric(t, scrape, "caddy_sse_redis_channels_denied") != 1 {
+		t.Fatalf("metrics while the subscription is refused:\n%s", scrape)
+	}
+	if _, stats := getStats(t, "http://"+admin+"/sse/stats"); len(stats.Hubs) != 1 || !strings.Contains(stats.Hubs[0].SubscribeError, "NOPERM") {
+		t.Fatalf("stats while the subscription is refused: %+v", stats)
+	}
+	srv.publish("/events", map[string]any{"channel": "a", "data": "meanwhile"}) // publishing works
+
+	rds.MustCLI("ACL", "SETUSER", "app", "+ssubscribe")
+	if ev := c.next(); ev.Data != "meanwhile" {
+		t.Fatalf("after the ACL granted the subscription: %+v, want the event published since the stream opened", ev)
+	}
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
+	srv.publish("/events", map[string]any{"channel": "a", "data": "live"})
+	if ev := c.next(); ev.Data != "live" {
+		t.Fatalf("live after the ACL granted the subscription: %+v", ev)
+	}
+	if metric(t, srv.scrape(), "caddy_sse_redis_channels_denied") != 0 {
+		t.Fatal("the metric still counts the channel as refused")
+	}
+	eventually(t, "the accepted subscriptions to be logged", func() bool {
+		return strings.Contains(logs(), "redis accepts this instance's subscriptions to its shard channels again")
+	})
+}
