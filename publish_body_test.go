@@ -3,7 +3,15 @@ package caddysse
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"mime/multipart"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"slices"
+	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // decodeJSONPublish accepts only what encoding/json reads the same way: a
@@ -52,4 +60,98 @@ func compactJSON(raw json.RawMessage) []byte {
 		return raw
 	}
 	return out.Bytes()
+}
+
+// FuzzReadPublishRoundTrip: a publish encoded the ways a client may send
+// it (JSON with the channel as a string or a list, a URL-encoded form, a
+// multipart form with the data as a field or as a file) reads back as
+// exactly the request that was sent, with duplicate channels dropped, if
+// and only if the request is valid; and how it was encoded never changes
+// the answer. channels are split at NUL.
+func FuzzReadPublishRoundTrip(f *testing.F) {
+	f.Add("news", "", []byte("hello"))
+	f.Add("a\x00b\x00a", "update", []byte("line 1\r\nline 2\rline 3\n"))
+	f.Add("user:1", "t", []byte(`{"k":[1,"\ud800"]}`))
+	f.Add("a", "sse_truncated", []byte(""))
+	f.Add("a ", "x\ny", []byte("\xff"))
+	f.Add("a{b}", "ü", []byte("\u2028<&>\x00"))
+	f.Add("", "", []byte(""))
+	f.Add("a,b", "  ", []byte("--boundary\r\n"))
+	f.Fuzz(func(t *testing.T, channels, event string, data []byte) {
+		want := &publishRequest{event: event, data: data}
+		if channels != "" {
+			want.channels = strings.Split(channels, "\x00")
+		}
+		h := &Handler{MaxChannels: DefaultMaxChannels, MaxEventSize: DefaultMaxEventSize}
+		valid := h.validatePublish(&publishRequest{channels: slices.Clone(want.channels), event: event, data: data})
+		if valid == nil {
+			if err := h.validatePublish(want); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, enc := range publishEncodings(t, want.channels, event, data) {
+			r := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(enc.body))
+			r.Header.Set("Content-Type", enc.contentType)
+			got, rej := h.readPublish(httptest.NewRecorder(), r)
+			switch {
+			case valid == nil && rej != nil:
+				t.Fatalf("%s %q: refused %v; the request %+v is valid", enc.name, enc.body, rej, want)
+			case valid != nil && rej == nil:
+				t.Fatalf("%s %q: read as %+v; the request is not valid: %v", enc.name, enc.body, got, valid)
+			case rej == nil && (!slices.Equal(got.channels, want.channels) || got.event != want.event || !bytes.Equal(got.data, want.data)):
+				t.Fatalf("%s %q: read as %+v, want %+v", enc.name, enc.body, got, want)
+			}
+		}
+	})
+}
+
+type publishEncoding struct {
+	name, contentType string
+	body              []byte
+}
+
+// publishEncodings are the bodies a client may send for a publish. JSON
+// cannot carry text that is not UTF-8, so a request holding such text is
+// only sent as forms.
+func publishEncodings(t *testing.T, channels []string, event string, data []byte) []publishEncoding {
+	t.Helper()
+	var out []publishEncoding
+	if utf8.ValidString(event) && utf8.Valid(data) && !slices.ContainsFunc(channels, func(c string) bool { return !utf8.ValidString(c) }) {
+		list := map[string]any{"channel": channels, "data": string(data)}
+		if channels == nil {
+			delete(list, "channel")
+		}
+		if event != "" {
+			list["event"] = event
+		}
+		out = append(out, publishEncoding{"json", "application/json", mustJSON(t, list)})
+		if len(channels) == 1 {
+			list["channel"] = channels[0]
+			out = append(out, publishEncoding{"json, one channel", "application/json; charset=utf-8", mustJSON(t, list)})
+		}
+	}
+	form := url.Values{"channel": channels, "data": {string(data)}}
+	if event != "" {
+		form.Set("event", event)
+	}
+	out = append(out, publishEncoding{"form", "application/x-www-form-urlencoded", []byte(form.Encode())})
+	for _, asFile := range []bool{false, true} {
+		var body bytes.Buffer
+		mw := multipart.NewWriter(&body)
+		for _, c := range channels {
+			_ = mw.WriteField("channel", c)
+		}
+		if event != "" {
+			_ = mw.WriteField("event", event)
+		}
+		if asFile {
+			part, _ := mw.CreateFormFile("data", "event.json")
+			_, _ = part.Write(data)
+		} else {
+			_ = mw.WriteField("data", string(data))
+		}
+		_ = mw.Close()
+		out = append(out, publishEncoding{fmt.Sprintf("multipart (data as a file: %v)", asFile), mw.FormDataContentType(), body.Bytes()})
+	}
+	return out
 }
