@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -131,4 +133,86 @@ func TestTooManyChannelsAreRefusedWithoutKeepingThemAll(t *testing.T) {
 	if rej == nil || rej.code != "channel_invalid" {
 		t.Fatalf("an invalid item after the cap: got %v, want channel_invalid", rej)
 	}
+}
+
+// FuzzChannelTemplateKeepsItsText: a template of text around one query or
+// header placeholder names, for any value, the channels made of that text
+// around the value, or around each item of a list (the white space around
+// each item and each name trimmed), and nothing else; a blank value is
+// unresolved, and every name is a valid channel name.
+func FuzzChannelTemplateKeepsItsText(f *testing.F) {
+	f.Add("public:", "", "news", false)
+	f.Add("public:", ":x", "news,user:victim", false)
+	f.Add(" a ", " b ", " x , y ", true)
+	f.Add("", "", "a,,b", false)
+	f.Add("p", "", " ", true)
+	f.Add("p", "", "a{b", false)
+	f.Add("", "", "\xff", false)
+	f.Add("u\u00a0", "\u3000", "\u0085a,b", false)
+	f.Fuzz(func(t *testing.T, before, after, value string, inHeader bool) {
+		if strings.ContainsAny(before+after, "{}\\,") {
+			t.Skip() // text with a list separator or braces of its own
+		}
+		raw := before + "{http.request.uri.query.c}" + after
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.URL.RawQuery = "c=" + url.QueryEscape(value)
+		// a header carries a value without control characters or white
+		// space at either end; another value goes in the query
+		if inHeader && !strings.ContainsFunc(value, func(c rune) bool { return c < ' ' && c != '\t' || c == 0x7f }) && strings.Trim(value, " \t") == value {
+			raw = before + "{http.request.header.X-C}" + after
+			r.URL.RawQuery = ""
+			r.Header.Set("X-C", value)
+		}
+		h := &Handler{MaxChannels: DefaultMaxChannels, channelTemplates: []template{compileTemplate(raw)}}
+		names, rej := h.resolveChannels(r, replacerFor(r))
+
+		wantCode, wantNames := expectedChannels(before, after, value, h.MaxChannels)
+		gotCode := ""
+		if rej != nil {
+			gotCode = rej.code
+		}
+		if gotCode != wantCode || !slices.Equal(names, wantNames) {
+			t.Fatalf("template %q with %q: %q %q, want %q %q", raw, value, names, gotCode, wantNames, wantCode)
+		}
+		for _, name := range names {
+			if err := validateChannelName(name); err != nil {
+				t.Fatalf("template %q with %q named the invalid channel %q: %v", raw, value, name, err)
+			}
+			if strings.TrimSpace(name) != name {
+				t.Fatalf("template %q with %q named %q, not trimmed", raw, value, name)
+			}
+		}
+	})
+}
+
+// expectedChannels is what a template of text around one placeholder
+// names for the placeholder's value, following the README: the value is
+// one channel, or a list of them if it has a comma; each list item is
+// trimmed and must not be empty; each name is trimmed and must be valid.
+func expectedChannels(before, after, value string, maxChannels int) (code string, names []string) {
+	if strings.TrimSpace(value) == "" {
+		return "channel_unresolved", nil
+	}
+	items := []string{value}
+	if strings.Contains(value, ",") {
+		items = strings.Split(value, ",")
+		for i := range items {
+			if items[i] = strings.TrimSpace(items[i]); items[i] == "" {
+				return "channel_invalid", nil
+			}
+		}
+	}
+	for _, item := range items {
+		name := strings.TrimSpace(before + item + after)
+		if validateChannelName(name) != nil {
+			return "channel_invalid", nil
+		}
+		if !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+	}
+	if len(names) > maxChannels {
+		return "too_many_channels", nil
+	}
+	return "", names
 }
