@@ -8,7 +8,9 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
@@ -165,5 +167,135 @@ func TestNamespaceFromAnUnsetVariable(t *testing.T) {
 	_, _, err = caddyconfig.GetAdapter("caddyfile").Adapt([]byte(fmt.Sprintf(site, `{$`+unset+`}`)), map[string]any{"filename": "Caddyfile.test"})
 	if err == nil || !strings.Contains(err.Error(), "Caddyfile.test:4") {
 		t.Fatalf("unquoted and unset: error %v, want one naming Caddyfile.test:4", err)
+	}
+}
+
+// FuzzCaddyfile: the sse directive's parser never panics, and what it
+// accepts is a handler config that survives Caddy's JSON as it is, every
+// value in the range its subdirective allows (a Caddyfile that loads must
+// not change meaning in the JSON that Caddy runs).
+func FuzzCaddyfile(f *testing.F) {
+	for _, seed := range []string{
+		"channel a b\nchannel c\nheartbeat off\nhistory 10",
+		"channel user:{http.auth.user.id} {query.topics}\nnamespace shop\nhistory 500 1h\nhistory_bytes 8MiB\npublish {\n\tsecret {env.S}\n}",
+		"channel a\nclose_jitter off\nthrottle off\nrejections in_stream\nprincipal {header.X-User}\nmax_connections_per_principal 2",
+		"channel a\nredis redis://127.0.0.1:1/2",
+		"channel a\nredis {\n\taddresses a:1 b:2\n\tcluster\n\tprefix x:\n\twait_replicas 1 2s\n\tmax_retries -1\n\tdb 0\n\ttls\n}\nfallback local\nwriter takeover",
+		"channel a\nredis {\n\tsentinel m\n\tsentinel_username u\n\tsentinel_password \"p w\"\n\taddresses s:26379\n\ttls ca.pem\n}",
+		"channel \"{query.a\"",
+		"channel `a}`\nheartbeat 1 2",
+		"namespace \"\"\nmax_event_size 2TiB",
+		"redis {\n}\n}",
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		input := ":8080 {\n\tsse {\n" + body + "\n\t}\n}\n"
+		adapted, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(input), map[string]any{"filename": "Caddyfile"})
+		if err != nil {
+			return
+		}
+		var config any
+		if err := json.Unmarshal(adapted, &config); err != nil {
+			t.Fatalf("adapted %q to invalid JSON: %v", input, err)
+		}
+		raw := findSSEHandler(config)
+		if raw == nil {
+			t.Fatalf("adapted %q without the sse handler: %s", input, adapted)
+		}
+		var h Handler
+		if err := json.Unmarshal(raw, &h); err != nil {
+			t.Fatalf("the JSON %s of %q does not load: %v", raw, input, err)
+		}
+		again, err := json.Marshal(&h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var h2 Handler
+		if err := json.Unmarshal(again, &h2); err != nil || !reflect.DeepEqual(h, h2) {
+			t.Fatalf("the JSON of %q changes meaning: %+v, then %+v (%v)", input, h, h2, err)
+		}
+		checkCaddyfileRanges(t, input, &h)
+	})
+}
+
+// findSSEHandler returns the JSON of the first sse handler in an adapted
+// config, without its "handler" key.
+func findSSEHandler(v any) json.RawMessage {
+	switch x := v.(type) {
+	case map[string]any:
+		if x["handler"] == "sse" {
+			delete(x, "handler")
+			raw, _ := json.Marshal(x)
+			return raw
+		}
+		for _, val := range x {
+			if raw := findSSEHandler(val); raw != nil {
+				return raw
+			}
+		}
+	case []any:
+		for _, val := range x {
+			if raw := findSSEHandler(val); raw != nil {
+				return raw
+			}
+		}
+	}
+	return nil
+}
+
+// checkCaddyfileRanges fails unless every value the Caddyfile set is one
+// its subdirective accepts (zero is unset).
+func checkCaddyfileRanges(t *testing.T, input string, h *Handler) {
+	t.Helper()
+	for _, d := range []struct {
+		name string
+		v    caddy.Duration
+		off  bool
+	}{{"heartbeat", h.Heartbeat, true}, {"retry", h.Retry, false}, {"history max age", h.HistoryMaxAge, false},
+		{"close_jitter", h.CloseJitter, true}, {"slow_client_timeout", h.SlowClientTimeout, false},
+		{"lease_ttl", h.LeaseTTL, false}, {"throttle", h.Throttle, true}} {
+		if d.v < 0 && !(d.off && d.v == -1) {
+			t.Fatalf("%q set %s to %v", input, d.name, time.Duration(d.v))
+		}
+	}
+	for _, n := range []int{h.HistorySize, h.ReplayLimit, h.MaxChannels, h.Queue, h.MaxConnections, h.MaxConnectionsPerPrincipal} {
+		if n < 0 {
+			t.Fatalf("%q set a count to %d", input, n)
+		}
+	}
+	for _, n := range []int64{h.HistoryBytes, h.MaxEventSize, h.QueueBytes} {
+		if n < 0 || n > 1<<40 {
+			t.Fatalf("%q set a size to %d", input, n)
+		}
+	}
+	for _, tmpl := range h.Channels {
+		if checkChannelTemplate(tmpl) != nil {
+			t.Fatalf("%q set the channel template %q", input, tmpl)
+		}
+	}
+	if checkPrincipalTemplate(h.Principal) != nil {
+		t.Fatalf("%q set the principal template %q", input, h.Principal)
+	}
+	if h.Namespace != "" && validateNamespace(h.Namespace) != nil {
+		t.Fatalf("%q set the namespace %q", input, h.Namespace)
+	}
+	switch {
+	case h.Rejections != "" && h.Rejections != rejectionsStatus && h.Rejections != rejectionsInStream,
+		h.Fallback != "" && h.Fallback != fallbackLocal,
+		h.Writer != "" && h.Writer != writerNetHTTP && h.Writer != writerTakeover:
+		t.Fatalf("%q set rejections %q, fallback %q, writer %q", input, h.Rejections, h.Fallback, h.Writer)
+	case h.Publish != nil && h.Publish.Secret == "":
+		t.Fatalf("%q set a publish block without a secret", input)
+	}
+	if c := h.Redis; c != nil {
+		switch {
+		case (c.URL == "") == (len(c.Addresses) == 0):
+			t.Fatalf("%q set redis with url %q and addresses %q", input, c.URL, c.Addresses)
+		case c.Cluster && c.Sentinel != "":
+			t.Fatalf("%q set redis cluster and sentinel", input)
+		case c.DB != nil && *c.DB < 0, c.WaitReplicas < 0, c.PoolSize < 0, c.MaxRetries < -1:
+			t.Fatalf("%q set redis numbers out of range: %+v", input, c)
+		}
 	}
 }
