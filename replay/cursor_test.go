@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/binary"
 	"hash/crc32"
@@ -8,6 +9,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -378,4 +380,61 @@ func TestCursorOfMaxCursorChannelsParsesBack(t *testing.T) {
 	if more := EncodeCursor(append(entries, entries[0])...); len(more) <= MaxCursorLen {
 		t.Logf("one channel more still fits (%d bytes): MaxCursorChannels is conservative", len(more))
 	}
+}
+
+// FuzzCursorRoundTrip: any list of positions a hub gives (a time from 0
+// to 2^62) encodes into a URL-safe token without "," of at most 40 bytes
+// per channel (SPEC S4) that parses back to the same list, whose last
+// entry per channel is the one Lookup finds; an encoder reused for another
+// cursor first gives the same text. raw is cut into 24-byte entries: hash,
+// epoch, seq, time (big endian).
+func FuzzCursorRoundTrip(f *testing.F) {
+	f.Add([]byte("\x00\x00\x00\x01\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x01\x8c\x00\x00\x00\x00"), []byte{})
+	f.Add(bytes.Repeat([]byte{0xff}, 48), []byte("\x00\x00\x00\x01"))
+	f.Add(bytes.Repeat([]byte{0x80}, 24*3), bytes.Repeat([]byte{0x7f}, 30))
+	f.Fuzz(func(t *testing.T, raw, other []byte) {
+		entries := fuzzEntries(raw)
+		if len(entries) == 0 || len(entries) > MaxCursorChannels {
+			return
+		}
+		var enc CursorEncoder
+		enc.Encode(fuzzEntries(other)) // the buffers hold another cursor first
+		text := string(enc.Encode(entries))
+		if text != EncodeCursor(entries...) {
+			t.Fatalf("a reused encoder gives %q, a new one %q", text, EncodeCursor(entries...))
+		}
+		if i := strings.IndexFunc(text, func(r rune) bool {
+			return !strings.ContainsRune("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_", r)
+		}); i >= 0 {
+			t.Fatalf("cursor %q has %q, not URL-safe base64", text, text[i])
+		}
+		if len(text) > 40*len(entries) || len(text) > MaxCursorLen {
+			t.Fatalf("cursor of %d channels is %d bytes", len(entries), len(text))
+		}
+		got, ok := ParseCursor(text)
+		if !ok || !reflect.DeepEqual(got, entries) {
+			t.Fatalf("%+v encodes as %q, which parses as %+v, %v", entries, text, got, ok)
+		}
+		for i, e := range entries {
+			pos, found := Lookup(got, e.Hash)
+			last := slices.IndexFunc(entries[i+1:], func(later ChannelPosition) bool { return later.Hash == e.Hash }) < 0
+			if !found || (last && pos != e.Pos) {
+				t.Fatalf("Lookup of %08x in %+v: %+v, %v", e.Hash, got, pos, found)
+			}
+		}
+	})
+}
+
+// fuzzEntries cuts raw into cursor entries of 24 bytes, the time taken
+// modulo 2^62+1.
+func fuzzEntries(raw []byte) []ChannelPosition {
+	var out []ChannelPosition
+	for ; len(raw) >= 24; raw = raw[24:] {
+		out = append(out, ChannelPosition{Hash: binary.BigEndian.Uint32(raw), Pos: Position{
+			Epoch: binary.BigEndian.Uint32(raw[4:]),
+			Seq:   binary.BigEndian.Uint64(raw[8:]),
+			Time:  int64(binary.BigEndian.Uint64(raw[16:]) % (1<<62 + 1)),
+		}})
+	}
+	return out
 }
