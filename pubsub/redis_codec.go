@@ -74,10 +74,13 @@ func parsePage(reply any) (page replay.Page, bad int, err error) {
 	}
 	page.Head = replay.Position{Epoch: uint32(nums[0]), Seq: nums[1], Time: int64(nums[2])}
 	page.Truncated = nums[3] == 1
-	n := int(nums[4])
-	if len(items) != 5+3*n {
-		return page, 0, fmt.Errorf("read reply has %d items for %d events", len(items), n)
+	// the count is checked against the items before any arithmetic: a
+	// count near 2^64 made 5+3n wrap around to the number of items, and
+	// the page was then made with a negative capacity (a panic)
+	if nums[4] > uint64(len(items)) || len(items) != 5+3*int(nums[4]) {
+		return page, 0, fmt.Errorf("read reply has %d items for %d events", len(items), nums[4])
 	}
+	n := int(nums[4])
 	page.Events = make([]*replay.Event, 0, n)
 	for i := range n {
 		id, typ, data := replyString(items[5+3*i]), replyString(items[6+3*i]), replyString(items[7+3*i])
