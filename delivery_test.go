@@ -461,3 +461,170 @@ func TestStreamEndedByAHistoryGapEndsItsBody(t *testing.T) {
 		t.Fatalf("the reconnect after the gap was not told it was truncated")
 	}
 }
+
+// idleCuttingProxy forwards TCP connections to a server and closes any
+// whose server has sent nothing for idle: a load balancer's idle timeout.
+type idleCuttingProxy struct {
+	ln    net.Listener
+	idle  time.Duration
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func startIdleCuttingProxy(t *testing.T, target string, idle time.Duration) *idleCuttingProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &idleCuttingProxy{ln: ln, idle: idle}
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		_ = ln.Close()
+		wg.Wait()
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, c := range p.conns {
+			_ = c.Close()
+		}
+	})
+	wg.Go(func() {
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			server, err := net.Dial("tcp", target)
+			if err != nil {
+				_ = client.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, client, server)
+			p.mu.Unlock()
+			go func() {
+				_, _ = io.Copy(server, client)
+				_ = server.Close()
+			}()
+			go p.forward(server, client)
+		}
+	})
+	return p
+}
+
+// forward copies what the server sends to the client until the server has
+// been silent for idle, then cuts both.
+func (p *idleCuttingProxy) forward(server, client net.Conn) {
+	defer client.Close()
+	defer server.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		_ = server.SetReadDeadline(time.Now().Add(p.idle))
+		n, err := server.Read(buf)
+		if n > 0 {
+			if _, werr := client.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (p *idleCuttingProxy) url() string { return "http://" + p.ln.Addr().String() }
+
+// Seed 002: "Idle streams emit a heartbeat and survive intermediary idle
+// timeouts". Behind a proxy that cuts connections idle for 1.5 s, a quiet
+// stream without heartbeats is cut (the proxy does what load balancers
+// do), and one with heartbeats every 300 ms stays open and still gets the
+// next event, on the same connection, after several idle timeouts.
+func TestHeartbeatsKeepAStreamThroughAnIdleTimeout(t *testing.T) {
+	srv := startCaddy(t, `
+:{PORT} {
+	sse /beating {
+		channel a
+		heartbeat 300ms
+		publish {
+			secret `+testSecret+`
+		}
+	}
+	sse /quiet {
+		channel a
+		heartbeat off
+	}
+}
+`)
+	const idle = 1500 * time.Millisecond
+	proxy := startIdleCuttingProxy(t, srv.base[len("http://"):], idle)
+	beating := openStream(t, proxy.url()+"/beating", nil, nil)
+	quiet := openStream(t, proxy.url()+"/quiet", nil, nil)
+	for _, c := range []*sseClient{beating, quiet} {
+		if c.resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d", c.resp.StatusCode)
+		}
+	}
+	began := time.Now()
+	quiet.expectEnd() // cut by the proxy after idle
+	if cut := time.Since(began); cut < idle/2 {
+		t.Fatalf("the quiet stream ended after %v, before the proxy's idle timeout", cut)
+	}
+	select { // held through several idle timeouts
+	case <-beating.done:
+		t.Fatalf("the stream with heartbeats was cut after %v", time.Since(began))
+	case <-time.After(3*idle - time.Since(began)):
+	}
+	srv.publish("/beating", map[string]any{"channel": "a", "data": "still here"})
+	if ev := beating.next(); ev.Data != "still here" {
+		t.Fatalf("got %+v", ev)
+	}
+}
+
+// Seed 003: "Fan-out must not block the ingestion pipeline". A subscriber
+// that stopped reading (its socket full, its queue overflowing) holds no
+// publish up: each is answered at once, long before the slow-client timeout
+// could free it, and a subscriber beside it gets every event.
+func TestPublishingDoesNotWaitForAStalledSubscriber(t *testing.T) {
+	srv := startCaddy(t, `
+:{PORT} {
+	sse /events {
+		channel a
+		queue 4
+		max_event_size 16KiB
+		history 100000
+		history_bytes 512MiB
+		slow_client_timeout 1m
+		publish {
+			secret `+testSecret+`
+		}
+	}
+}
+`)
+	stalled, tap := openValved(t, srv.base+"/events", smallReceiveBuffer())
+	healthy := srv.subscribe("/events", nil)
+	srv.publish("/events", map[string]any{"channel": "a", "data": "warm"})
+	stalled.next()
+	healthy.next()
+	tap.stall()
+	payload := strings.Repeat("x", 16000)
+	const n = 600 // ~9.6 MB: more than the sockets hold
+	var slowest time.Duration
+	began := time.Now()
+	for i := range n {
+		t0 := time.Now()
+		srv.publish("/events", map[string]any{"channel": "a", "data": fmt.Sprint(i, payload)})
+		slowest = max(slowest, time.Since(t0))
+	}
+	t.Logf("%d publishes in %v, the slowest %v", n, time.Since(began).Round(time.Millisecond), slowest.Round(time.Millisecond))
+	if slowest > 5*time.Second {
+		t.Fatalf("a publish took %v while a subscriber was stalled", slowest)
+	}
+	if got := len(stalled.events); got > n/10 {
+		t.Fatalf("the stalled subscriber read %d of %d events: it was not stalled", got, n)
+	}
+	for i := range n {
+		if ev := healthy.next(); ev.Data != fmt.Sprint(i, payload) {
+			t.Fatalf("the healthy subscriber's event %d: %.20q", i, ev.Data)
+		}
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -46,17 +47,29 @@ func TestReconnectAfterReloadIsNotRefusedByItsOwnLease(t *testing.T) {
 	t.Run("redis", func(t *testing.T) {
 		testReconnectAfterReload(t, cappedRetryNowSite("redis "+redistest.Start(t).URL()))
 	})
+	// each reload changes a connection setting, so the new config has a hub
+	// (and leases) of its own: as when the stream's instance stops and its
+	// client reconnects to another one
+	t.Run("redis, a new hub each reload", func(t *testing.T) {
+		url := redistest.Start(t).URL()
+		pool := func(n int) string {
+			return cappedRetryNowSite("redis {\n\t\t\turl " + url + "\n\t\t\tpool_size " + itoa(n) + "\n\t\t}")
+		}
+		testReconnectAfterReload(t, pool(3), pool(4))
+	})
 }
 
-func testReconnectAfterReload(t *testing.T, site string) {
-	srv := startCaddy(t, site)
+// testReconnectAfterReload reloads between sites in turn (one site: the
+// same config again).
+func testReconnectAfterReload(t *testing.T, sites ...string) {
+	srv := startCaddy(t, sites[0])
 	client := &http.Client{Transport: &http.Transport{DisableCompression: true}}
 	c := srv.subscribe("/events?user=u", nil)
 	c.comment("ok")
 	refused := 0
 	const rounds = 30
 	for i := range rounds {
-		srv.reload(site)
+		srv.reload(sites[(i+1)%len(sites)])
 		if ev := c.next(); ev.Type != "server_closing" || ev.Retry != 0 {
 			t.Fatalf("round %d: got %+v, want server_closing with retry 0", i, ev)
 		}
@@ -83,6 +96,73 @@ func testReconnectAfterReload(t *testing.T, site string) {
 	}
 	if refused > 0 {
 		t.Fatalf("%d of %d immediate reconnects after server_closing were refused by the stream that had just ended", refused, rounds)
+	}
+}
+
+// The same when the clients reconnect while the reload that told them is
+// still under way, as EventSource does on server_closing with retry 0: each
+// of many principals at its cap of one gets back in. Where the reload
+// replaces the hub (a connection setting changed), the new config's leases
+// know nothing of the old one's, as when a client's instance stops and it
+// reconnects to another.
+func TestReconnectsDuringAReloadAreNotRefusedByTheirOwnLeases(t *testing.T) {
+	t.Run("redis", func(t *testing.T) {
+		site := cappedRetryNowSite("redis " + redistest.Start(t).URL())
+		testReconnectsDuringAReload(t, site, site)
+	})
+	t.Run("redis, a new hub", func(t *testing.T) {
+		url := redistest.Start(t).URL()
+		pool := func(n int) string {
+			return cappedRetryNowSite("redis {\n\t\t\turl " + url + "\n\t\t\tpool_size " + itoa(n) + "\n\t\t}")
+		}
+		testReconnectsDuringAReload(t, pool(3), pool(4))
+	})
+}
+
+func testReconnectsDuringAReload(t *testing.T, before, after string) {
+	srv := startCaddy(t, before)
+	const n = 50
+	streams := make([]*sseClient, n)
+	for i := range streams {
+		streams[i] = srv.subscribe("/events?user=u"+itoa(i), nil)
+		streams[i].comment("ok")
+	}
+	failures := make(chan string, n)
+	var wg sync.WaitGroup
+	for i, c := range streams {
+		wg.Go(func() {
+			select {
+			case ev, ok := <-c.events:
+				if !ok || ev.Type != "server_closing" {
+					failures <- fmt.Sprintf("stream %d: got %+v, want server_closing", i, ev)
+					return
+				}
+			case <-time.After(20 * time.Second):
+				failures <- fmt.Sprintf("stream %d: no server_closing", i)
+				return
+			}
+			select {
+			case <-c.done:
+			case <-time.After(20 * time.Second):
+				failures <- fmt.Sprintf("stream %d did not end", i)
+				return
+			}
+			if status, err := reconnectOnce(srv.port, "/events?user=u"+itoa(i)); err != nil {
+				failures <- err.Error()
+			} else if status != "200" {
+				failures <- fmt.Sprintf("stream %d's reconnect: status %s", i, status)
+			}
+		})
+	}
+	srv.reload(after)
+	wg.Wait()
+	close(failures)
+	var got []string
+	for f := range failures {
+		got = append(got, f)
+	}
+	if len(got) > 0 {
+		t.Fatalf("%d of %d immediate reconnects failed, e.g. %q", len(got), n, got[0])
 	}
 }
 

@@ -226,7 +226,7 @@ func TestReloadReconnectsAllGetAResponse(t *testing.T) {
 				failures <- "no server_closing"
 				return
 			}
-			if status, err := reconnectOnce(srv.port); err != nil {
+			if status, err := reconnectOnce(srv.port, "/events"); err != nil {
 				failures <- err.Error()
 			} else if status != "200" {
 				failures <- "status " + status
@@ -245,16 +245,16 @@ func TestReloadReconnectsAllGetAResponse(t *testing.T) {
 	}
 }
 
-// reconnectOnce opens a stream on a connection of its own and returns the
-// status of its response head.
-func reconnectOnce(port int) (string, error) {
+// reconnectOnce opens a stream of path on a connection of its own and
+// returns the status of its response head.
+func reconnectOnce(port int, path string) (string, error) {
 	conn, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), 5*time.Second)
 	if err != nil {
 		return "", err
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.WriteString(conn, "GET /events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"); err != nil {
+	if _, err := io.WriteString(conn, "GET "+path+" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"); err != nil {
 		return "", err
 	}
 	line, err := bufio.NewReader(conn).ReadString('\n')
