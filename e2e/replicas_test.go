@@ -359,3 +359,85 @@ func TestStreamsOnEveryInstanceLiveThroughARedisRestart(t *testing.T) {
 		}
 	}
 }
+
+// A rolling deploy while Redis hangs (a stuck primary, a partition): the
+// instance that is stopped still tells its streams server_closing and exits
+// promptly, though its leases cannot be given back (they lapse within
+// lease_ttl) and its Redis calls get no answer.
+func TestStopWhileRedisHangsExitsPromptly(t *testing.T) {
+	rds := redistest.Start(t)
+	a := startInstance(t, rds.URL(), "principal {query.merchant}", "max_connections_per_principal 2", "close_jitter 1s")
+	client, pub := h1Client(t, true), h1Client(t, false)
+	streams := openStreams(t, client, a.streamURL+"?channels=invoices:m7&merchant=m7", 2)
+	rds.WaitShardSubscribers(t, "sse:{invoices:m7}", 1)
+	publish(t, pub, a.publish, testSecret, "invoices:m7", "paid-1")
+	deadline := time.Now().Add(waitFor)
+	forAll(t, streams, func(_ int, c *sseConn) error { return c.expectData(deadline, "paid-1") })
+
+	rds.Pause()
+	defer rds.Resume()
+	began := time.Now()
+	a.proc.signal(syscall.SIGTERM)
+	expectShutdown(t, a.proc, streams, began)
+}
+
+// postKeyed publishes data to channel on url with an Idempotency-Key and
+// returns the status, the reply and whether it was marked replayed.
+func postKeyed(t *testing.T, client *http.Client, url, key, channel, data string) (int, string, bool) {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"channel": channel, "data": data})
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(string(body)))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+testSecret)
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("publishing %q: %v", data, err)
+	}
+	defer resp.Body.Close()
+	reply, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(reply), resp.Header.Get("Idempotent-Replayed") == "true"
+}
+
+// A backend publishes with an Idempotency-Key and retries (README: "Backends
+// should publish with a key and retry on a connection error"); behind a
+// load balancer the retry reaches another instance, or both copies run at
+// once on two. Either way the event is published once, and every answer
+// carries its id.
+func TestAKeyedRetryOnAnotherInstancePublishesOnce(t *testing.T) {
+	rds := redistest.Start(t)
+	a, b := startInstance(t, rds.URL()), startInstance(t, rds.URL())
+	client, pub := h1Client(t, true), h1Client(t, false)
+	c := openStream(t, client, b.streamURL+"?channels=invoices", "")
+	rds.WaitShardSubscribers(t, "sse:{invoices}", 1)
+
+	status, first, _ := postKeyed(t, pub, a.publish, "invoice-7-paid", "invoices", "paid-7")
+	if status != http.StatusOK {
+		t.Fatalf("first publish: %d %s", status, first)
+	}
+	status, again, replayed := postKeyed(t, pub, b.publish, "invoice-7-paid", "invoices", "paid-7")
+	if status != http.StatusOK || again != first || !replayed {
+		t.Fatalf("the retry on the other instance: %d %s (replayed %v), want the first reply %s, replayed", status, again, replayed, first)
+	}
+
+	// both copies at once, one on each instance
+	type answer struct {
+		status int
+		reply  string
+	}
+	answers := make(chan answer, 2)
+	for _, inst := range []*instance{a, b} {
+		go func() {
+			status, reply, _ := postKeyed(t, pub, inst.publish, "invoice-8-paid", "invoices", "paid-8")
+			answers <- answer{status, reply}
+		}()
+	}
+	one, two := <-answers, <-answers
+	if one.status != http.StatusOK || two.status != http.StatusOK || one.reply != two.reply {
+		t.Fatalf("concurrent copies answered %d %s and %d %s, want one reply", one.status, one.reply, two.status, two.reply)
+	}
+	publish(t, pub, a.publish, testSecret, "invoices", "after")
+	if err := c.expectData(time.Now().Add(waitFor), "paid-7", "paid-8", "after"); err != nil {
+		t.Fatal(err)
+	}
+}
