@@ -278,6 +278,12 @@ func TestSlowClientIsThrottledOnEveryInstance(t *testing.T) {
 	}
 	other := openStream(t, h1Client(t, true), b.streamURL+"?channels=news&wallet=w2", "")
 	other.close()
+	// an instance started after the throttle (a rolling deploy) refuses the
+	// wallet too, at its first request
+	c := startInstance(t, rds.URL(), extra...)
+	if resp, body := get(t, c.streamURL+"?channels=news&wallet=w1"); resp.StatusCode != http.StatusTooManyRequests || errorCode(body) != "throttled" {
+		t.Fatalf("the slow wallet on an instance started since: %d %s, want 429 throttled", resp.StatusCode, body)
+	}
 }
 
 // publishUntilAccepted publishes data to channel until an instance answers
