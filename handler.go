@@ -19,6 +19,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if h.Publish == nil {
 			return h.methodNotAllowed(w, r)
 		}
+		h.publishing.begin()
+		defer h.publishing.end()
 		return h.publish(w, r)
 	case http.MethodOptions:
 		return next.ServeHTTP(w, r)

@@ -1,6 +1,8 @@
 package caddysse
 
 import (
+	"sync"
+
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-sse/caddy-sse/pubsub"
@@ -46,6 +48,48 @@ func acquireHub(redisOpts *pubsub.RedisOptions, key string) (*pubsub.Hub, string
 func releaseHub(key string) error {
 	_, err := hubs.Delete(key)
 	return err
+}
+
+// inFlight counts a handler's publishes in flight, so that its Cleanup lets
+// go of the hub only once they have ended: Caddy cleans an old config up
+// without waiting for its requests (its servers shut down in the
+// background), and a reload that replaces the hub (a setting of the redis
+// block changed) closed it under them.
+type inFlight struct {
+	mu      sync.Mutex
+	n       int
+	release func() // Cleanup's release of the hub, put off until n is 0
+}
+
+func (f *inFlight) begin() {
+	f.mu.Lock()
+	f.n++
+	f.mu.Unlock()
+}
+
+func (f *inFlight) end() {
+	f.mu.Lock()
+	f.n--
+	var release func()
+	if f.n == 0 {
+		release, f.release = f.release, nil
+	}
+	f.mu.Unlock()
+	if release != nil {
+		go release() // closing a hub may wait (for Redis): not on a request
+	}
+}
+
+// putOff keeps release for the end of the last request in flight and
+// reports true, or reports false if none is: the caller releases now.
+func (f *inFlight) putOff(release func()) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n == 0 {
+		return false
+	}
+	f.release = release
+	return true
 }
 
 // Interface guards

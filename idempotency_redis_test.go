@@ -179,3 +179,51 @@ func TestAKeyedPartialFailureIsRememberedAsLongAsItsKey(t *testing.T) {
 		t.Fatalf("retry: %d %s, want 200 with a's first id %s", s2, r2, failure.IDs["a"])
 	}
 }
+
+// A keyed publish in flight while a reload replaces the Redis hub (a
+// setting of the redis block changed, e.g. a timeout or a rotated
+// password). Caddy does not wait for the old config's requests before
+// cleaning it up, and the old hub was closed under the publish: it failed
+// 503, and its claim of the key, which the closed client could no longer
+// give back, made every retry with the key wait ~30 s for it to lapse. The
+// publish is answered as if no reload came, and its retry replays it.
+func TestAPublishInFlightDuringAReloadThatReplacesTheHubIsAnswered(t *testing.T) {
+	rds := redistest.Start(t)
+	proxy := startStallingProxy(t, rds.Addr(), "held-publish")
+	site := func(pool int) string {
+		return redisBlockSite("url redis://" + proxy.addr() + "\n\t\t\tread_timeout 2s\n\t\t\tmax_retries 1\n\t\t\tpool_size " + itoa(pool))
+	}
+	srv := startCaddy(t, site(3))
+	srv.publish("/events", map[string]any{"channel": "a", "data": "warm"})
+	body := mustJSON(t, map[string]any{"channel": "a", "data": "held-publish"})
+	key := header("Idempotency-Key", "invoice-7-paid")
+	proxy.arm()
+	answered := make(chan int, 1)
+	go func() {
+		status, _ := srv.post("/events", "application/json", body, key)
+		answered <- status
+	}()
+	select {
+	case <-proxy.stalled:
+	case <-time.After(waitFor):
+		t.Fatal("the publish never reached Redis")
+	}
+	proxy.armed.Store(false) // go-redis' retry, after read_timeout, gets through
+	srv.reload(site(4))      // a hub of its own; the old one is let go
+	select {
+	case status := <-answered:
+		if status != http.StatusOK {
+			t.Errorf("the publish in flight during the reload answered %d", status)
+		}
+	case <-time.After(waitFor):
+		t.Fatal("the publish in flight during the reload was not answered")
+	}
+	began := time.Now()
+	status, reply := srv.post("/events", "application/json", body, key)
+	if status != http.StatusOK || time.Since(began) > 2*time.Second {
+		t.Fatalf("its retry answered %d %s after %v", status, reply, time.Since(began).Round(time.Millisecond))
+	}
+	if n := rds.MustCLI("XLEN", "sse:{a}:s"); n != "2" {
+		t.Fatalf("the history holds %s events, want 2 (warm, and the keyed one once)", n)
+	}
+}

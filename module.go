@@ -225,7 +225,8 @@ type Handler struct {
 	closedByServer    bool // its server's shutdown hook tells its streams (closeStreamsOnShutdown)
 	cleanedUp         bool // Cleanup ran
 	hubKey            string
-	hubLogs           func() // gives back the logger the hub was handed (useHubLogger)
+	publishing        *inFlight // publishes in flight: the hub is released after them
+	hubLogs           func()    // gives back the logger the hub was handed (useHubLogger)
 	streams           *registry
 	secret            []byte // the SHA-256 digest of the publish secret
 	limits            replay.Limits
@@ -254,6 +255,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // reference to the shared hub. It touches no network.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
+	h.publishing = new(inFlight)
 	h.applyDefaults()
 	if err := h.provisionSecret(); err != nil {
 		return err
@@ -536,7 +538,15 @@ func (h *Handler) Cleanup() error {
 		h.hubLogs()
 	}
 	if h.hubKey != "" {
-		return releaseHub(h.hubKey)
+		key, logger := h.hubKey, h.logger
+		if h.publishing != nil && h.publishing.putOff(func() {
+			if err := releaseHub(key); err != nil {
+				logger.Error("releasing the hub", zap.Error(err))
+			}
+		}) {
+			return nil
+		}
+		return releaseHub(key)
 	}
 	return nil
 }
