@@ -8,7 +8,10 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -292,20 +295,30 @@ func publishUntilAccepted(t *testing.T, client *http.Client, url, channel, data 
 	t.Helper()
 	body, _ := json.Marshal(map[string]any{"channel": channel, "data": data})
 	deadline := time.Now().Add(2 * waitFor)
+	last := ""
 	for {
 		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(string(body)))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Authorization", "Bearer "+testSecret)
 		req.Header.Set("Idempotency-Key", "publish-"+data)
 		resp, err := client.Do(req)
+		var failure string
 		if err == nil {
+			reply, _ := io.ReadAll(resp.Body)
 			_ = resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				return
 			}
+			failure = fmt.Sprintf("%d %s", resp.StatusCode, reply)
+		} else {
+			failure = err.Error()
+		}
+		if failure != last {
+			t.Logf("publishing %q: %s (trying again)", data, failure)
+			last = failure
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("publishing %q: %v %v", data, err, resp)
+			t.Fatalf("publishing %q: %s", data, failure)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -391,6 +404,16 @@ func TestStopWhileRedisHangsExitsPromptly(t *testing.T) {
 // returns the status, the reply and whether it was marked replayed.
 func postKeyed(t *testing.T, client *http.Client, url, key, channel, data string) (int, string, bool) {
 	t.Helper()
+	status, reply, replayed := tryKeyed(client, url, key, channel, data)
+	if status == 0 {
+		t.Fatalf("publishing %q: %s", data, reply)
+	}
+	return status, reply, replayed
+}
+
+// tryKeyed is postKeyed without the test: a connection error is status 0,
+// the error as the reply.
+func tryKeyed(client *http.Client, url, key, channel, data string) (int, string, bool) {
 	body, _ := json.Marshal(map[string]any{"channel": channel, "data": data})
 	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(string(body)))
 	req.Header.Set("Content-Type", "application/json")
@@ -398,7 +421,7 @@ func postKeyed(t *testing.T, client *http.Client, url, key, channel, data string
 	req.Header.Set("Idempotency-Key", key)
 	resp, err := client.Do(req)
 	if err != nil {
-		t.Fatalf("publishing %q: %v", data, err)
+		return 0, err.Error(), false
 	}
 	defer resp.Body.Close()
 	reply, _ := io.ReadAll(resp.Body)
@@ -445,5 +468,144 @@ func TestAKeyedRetryOnAnotherInstancePublishesOnce(t *testing.T) {
 	publish(t, pub, a.publish, testSecret, "invoices", "after")
 	if err := c.expectData(time.Now().Add(waitFor), "paid-7", "paid-8", "after"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Seeds 002 and 003 through a reload under load: a backend publishes
+// without pause (retrying with its Idempotency-Key when a reload resets its
+// connection) while the instance reloads to a config whose Redis settings
+// differ (a new hub). Every client follows server_closing with its
+// Last-Event-ID and, at the end, has seen every event once, in order.
+func TestReloadToNewRedisSettingsUnderLoadLosesNothing(t *testing.T) {
+	rds := redistest.Start(t)
+	inst := startInstance(t, rds.URL(), "close_jitter 300ms")
+	client, pub := h1Client(t, true), h1Client(t, false)
+	const clients = 10
+	var seen [clients][]string
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan error, clients)
+	conns := make([]*sseConn, clients)
+	for i := range conns {
+		conns[i] = openStream(t, client, inst.streamURL+"?channels=invoices", "")
+	}
+	rds.WaitShardSubscribers(t, "sse:{invoices}", 1)
+	for i := range conns {
+		wg.Go(func() {
+			c := conns[i]
+			for {
+				ev, err := c.next(time.Now().Add(2 * waitFor))
+				switch {
+				case err == nil && ev.Type == "message":
+					seen[i] = append(seen[i], ev.Data)
+					if ev.Data == "last" {
+						return
+					}
+					continue
+				case err == nil && ev.Type == "server_closing":
+					continue
+				case err == nil:
+					errs <- fmt.Errorf("client %d: unexpected %v", i, ev)
+					return
+				}
+				select {
+				case <-c.done:
+				default:
+					errs <- fmt.Errorf("client %d after %d events: %v", i, len(seen[i]), err)
+					return
+				}
+				// the stream ended: reconnect with the last id, as EventSource
+				id := c.lastEventID()
+				for {
+					var rerr error
+					c, rerr = tryOpenStream(client, inst.streamURL+"?channels=invoices", id, time.Now().Add(waitFor))
+					if rerr == nil {
+						break
+					}
+					select {
+					case <-done:
+						errs <- fmt.Errorf("client %d could not reconnect: %v", i, rerr)
+						return
+					case <-time.After(100 * time.Millisecond):
+					}
+				}
+				if h := c.resp.Header.Get("X-Replay-Truncated"); h != "" {
+					errs <- fmt.Errorf("client %d: reconnect truncated", i)
+				}
+				t.Cleanup(c.close)
+			}
+		})
+	}
+	const events = 300
+	published := make(chan struct{})
+	stop := make(chan struct{})
+	var count atomic.Int32
+	var publishErr error
+	go func() {
+		defer close(published)
+		for n := 1; n <= events+1; n++ {
+			data := fmt.Sprint(n)
+			if n > events {
+				data = "last"
+			}
+			// a backend's retries with the event's key, for up to 5 s
+			for began := time.Now(); ; {
+				status, reply, _ := tryKeyed(pub, inst.publish, "event-"+data, "invoices", data)
+				if status == http.StatusOK {
+					break
+				}
+				if time.Since(began) > 5*time.Second {
+					publishErr = fmt.Errorf("publishing %s: still %d %s after 5 s", data, status, reply)
+					return
+				}
+				select {
+				case <-stop:
+					return
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+			count.Store(int32(n))
+		}
+	}()
+	t.Cleanup(func() {
+		close(stop)
+		<-published
+	})
+	config, err := os.ReadFile(inst.proc.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, setting := range []string{"pool_size 3", "pool_size 4", "read_timeout 4s"} {
+		for deadline := time.Now().Add(waitFor); count.Load() < int32(50*(i+1)); { // under way
+			if time.Now().After(deadline) {
+				<-published
+				t.Fatalf("%d events published before reload %d: %v", count.Load(), i+1, publishErr)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		changed := strings.Replace(string(config), "check_interval 500ms", "check_interval 500ms\n\t\t\t"+setting, 1)
+		inst.proc.writeConfig(changed)
+		inst.proc.reload()
+		t.Logf("reload %d (%s) done", i+1, setting)
+	}
+	<-published
+	if publishErr != nil {
+		t.Fatal(publishErr)
+	}
+	wg.Wait()
+	close(done)
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	for i, got := range seen {
+		want := make([]string, 0, events+1)
+		for n := 1; n <= events; n++ {
+			want = append(want, fmt.Sprint(n))
+		}
+		want = append(want, "last")
+		if strings.Join(got, " ") != strings.Join(want, " ") {
+			t.Fatalf("client %d saw %d events, want %d in order once: %.300q", i, len(got), len(want), got)
+		}
 	}
 }
