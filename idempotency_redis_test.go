@@ -227,3 +227,40 @@ func TestAPublishInFlightDuringAReloadThatReplacesTheHubIsAnswered(t *testing.T)
 		t.Fatalf("the history holds %s events, want 2 (warm, and the keyed one once)", n)
 	}
 }
+
+// The same for a stream that opens (reads its replay from Redis) while a
+// reload replaces the hub: it must not be refused for the hub closed under
+// it (a 503 makes a browser's EventSource give up for good). It opens, and
+// is told server_closing at once, as every stream of the old config is.
+func TestAStreamOpeningDuringAReloadThatReplacesTheHubIsNotRefused(t *testing.T) {
+	rds := redistest.Start(t)
+	proxy := startStallingProxy(t, rds.Addr(), "sse_read_v2", "$3\r\n777\r\n") // the replay's read alone
+	site := func(pool int) string {
+		return redisBlockSite("url redis://"+proxy.addr()+"\n\t\t\tread_timeout 2s\n\t\t\tmax_retries 1\n\t\t\tpool_size "+itoa(pool), "replay_limit 777")
+	}
+	srv := startCaddy(t, site(3))
+	ids := srv.publishN("a", "e", 1, 2)
+	proxy.arm()
+	opened := make(chan *sseClient, 1)
+	go func() { opened <- openStream(t, srv.base+"/events?channels=a", header("Last-Event-ID", ids[1]), nil) }()
+	select {
+	case <-proxy.stalled:
+	case <-time.After(waitFor):
+		t.Fatal("the replay's read never reached Redis")
+	}
+	proxy.armed.Store(false) // go-redis' retry, after read_timeout, gets through
+	srv.reload(site(4))
+	c := <-opened
+	if c.resp.StatusCode != http.StatusOK {
+		t.Fatalf("a stream opening during the reload: status %d", c.resp.StatusCode)
+	}
+	for {
+		ev := c.next()
+		if ev.Type == "server_closing" {
+			break
+		}
+		if ev.Data != "e2" {
+			t.Fatalf("got %+v before server_closing", ev)
+		}
+	}
+}
