@@ -87,7 +87,10 @@ type RedisConfig struct {
 	// WaitTimeout bounds that wait. Default: 1s.
 	WaitTimeout caddy.Duration `json:"wait_timeout,omitempty"`
 
-	// PoolSize is go-redis' connection pool size. Default: go-redis' own.
+	// PoolSize is the size of go-redis' pool of command connections.
+	// Default: go-redis' own (10 per CPU). It is not a hard cap: go-redis
+	// opens more during a burst, and has a pool of its own for pipelines (up
+	// to 10) and the pub/sub connections (one per primary).
 	PoolSize int `json:"pool_size,omitempty"`
 
 	// DialTimeout bounds connecting. Default: go-redis' own (5s).
