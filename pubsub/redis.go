@@ -110,22 +110,13 @@ func NewRedis(opts RedisOptions, deliver DeliverFunc) (*Redis, error) {
 // Key returns the base key of a channel: "<prefix>{<channel>}".
 func (b *Redis) Key(channel string) string { return b.opts.Prefix + "{" + channel + "}" }
 
-// channelOf is the inverse of Key, for shard channel names.
-func (b *Redis) channelOf(key string) (string, bool) {
-	rest, ok := strings.CutPrefix(key, b.opts.Prefix+"{")
-	if !ok || !strings.HasSuffix(rest, "}") {
-		return "", false
-	}
-	return rest[:len(rest)-1], true
-}
-
-// Publish appends the event to the channel's stream and announces it, in
-// one function call.
 // EntryOverhead is what an event costs in a Redis history besides its type
 // and data (OVERHEAD in the publish function): a history's byte cap must
 // hold the largest event and this, or the function refuses it.
 const EntryOverhead = 64
 
+// Publish appends the event to the channel's stream and announces it, in
+// one function call.
 func (b *Redis) Publish(ctx context.Context, channel string, msg Message, lim replay.Limits) (replay.Position, error) {
 	if b.closed.Load() {
 		return replay.Position{}, ErrClosed
