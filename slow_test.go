@@ -524,13 +524,23 @@ func TestClientLeavingDuringALongBatchIsNotThrottled(t *testing.T) {
 	r := bufio.NewReader(conn)
 	readRawUntil(t, r, ": ok")
 	data := strings.Repeat("x", 32<<10)
+	stop, published := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(published)
 		for range 400 {
+			select {
+			case <-stop:
+				return
+			default:
+			}
 			if status, _ := srv.post("/events", "application/json", mustJSON(t, map[string]any{"channel": "big", "data": data}), nil); status != http.StatusOK {
 				return
 			}
 		}
 	}()
+	// the publisher ends before the test does: a publish to the stopped
+	// server would fail a test that has completed (a panic)
+	defer func() { close(stop); <-published }()
 	// read 32 KiB every 20 ms (1.6 MB/s: about 8 s for the events; the
 	// kernel wakes a blocked writer once a third of its send buffer, a few
 	// MB on loopback, is free: no write waits near 2 s), and leave after
