@@ -179,16 +179,7 @@ func TestRedisUnixSocket(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "redis.sock")
 	rds := redistest.Start(t, "--unixsocket", sock, "--unixsocketperm", "700")
-	srv := startCaddy(t, redisSite("unix://"+sock))
-	c := srv.subscribe("/events?channels=a", nil)
-	rds.WaitShardSubscribers(t, "sse:{a}", 1)
-	srv.publish("/events", map[string]any{"channel": "a", "data": "over the socket"})
-	if ev := c.next(); ev.Data != "over the socket" {
-		t.Fatalf("got %+v", ev)
-	}
-	if n := rds.MustCLI("XLEN", "sse:{a}:s"); n != "1" {
-		t.Fatalf("the history in Redis has %s events, want 1", n)
-	}
+	assertFirstEventGoesThroughRedis(t, startCaddy(t, redisSite("unix://"+sock)), rds, "over the socket")
 }
 
 // A unix:// URL names one server, at an absolute path and no host.

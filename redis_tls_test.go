@@ -143,10 +143,17 @@ func TestRedisTLSClientCertificateAndServerName(t *testing.T) {
 	}
 
 	srv := startCaddy(t, tlsRedisSite(port, "tls {\n\t\t\t\tca "+pki.CA+"\n\t\t\t\tclient_auth "+clientCert+" "+clientKey+"\n\t\t\t\tserver_name redis.test\n\t\t\t}"))
+	assertFirstEventGoesThroughRedis(t, srv, rds, "over tls")
+}
+
+// assertFirstEventGoesThroughRedis publishes a channel's first event through
+// srv and checks that a stream got it and that Redis holds it.
+func assertFirstEventGoesThroughRedis(t *testing.T, srv *testServer, rds *redistest.Server, data string) {
+	t.Helper()
 	c := srv.subscribe("/events?channels=a", nil)
 	rds.WaitShardSubscribers(t, "sse:{a}", 1)
-	srv.publish("/events", map[string]any{"channel": "a", "data": "over tls"})
-	if ev := c.next(); ev.Data != "over tls" {
+	srv.publish("/events", map[string]any{"channel": "a", "data": data})
+	if ev := c.next(); ev.Data != data {
 		t.Fatalf("got %+v", ev)
 	}
 	if n := rds.MustCLI("XLEN", "sse:{a}:s"); n != "1" {
