@@ -355,25 +355,26 @@ func (s *shard) parkIfEmpty() bool {
 // deny records that Redis refused the shard's subscriptions (err): its
 // channels get no live events until a connection has them all confirmed.
 func (s *shard) deny(err error) {
-	s.mu.Lock()
-	s.denied = err
-	for _, wt := range s.keys {
-		wt.denied.Store(true)
-	}
-	s.mu.Unlock()
+	s.setDenied(err)
 	s.w.b.shardDenied(s.id, err)
 }
 
 // allow ends a refusal: every subscription of the connection is confirmed
 // (confirmed), or the shard carries no channel any more.
 func (s *shard) allow(confirmed bool) {
-	s.mu.Lock()
-	s.denied = nil
-	for _, wt := range s.keys {
-		wt.denied.Store(false)
-	}
-	s.mu.Unlock()
+	s.setDenied(nil)
 	s.w.b.shardAllowed(s.id, confirmed)
+}
+
+// setDenied records the refusal in force (nil: none) on the shard and its
+// channels.
+func (s *shard) setDenied(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.denied = err
+	for _, wt := range s.keys {
+		wt.denied.Store(err != nil)
+	}
 }
 
 // relocate sends the keys whose slots another primary serves now to the
