@@ -494,15 +494,11 @@ func TestRedisThrottlesBurstAtStartWaitsForTheLoad(t *testing.T) {
 	}
 }
 
-// The throttles follow their channel as a bare hub subscriber: they do not
-// notice gaps. An announcement this instance missed (its pub/sub
-// connection was replaced) is repaired from the history, but while the
-// history cannot be read (here an ACL; in production a timeout, BUSY, a
-// pool wait) the next announcement is delivered and moves the watch's last
-// position past the missed one. Nothing delivers it afterwards: the checks
-// find head == last.
-func TestRedisThrottleMissedWhileARepairFailsIsApplied(t *testing.T) {
-	srv := redistest.Start(t)
+// twoThrottleInstances starts two hubs' throttles on srv (checks every
+// 200ms), b's as the ACL user "b", whose permissions the test may take
+// away, and waits until b's are loaded and subscribed.
+func twoThrottleInstances(t *testing.T, srv *redistest.Server) (a, b *RedisThrottles) {
+	t.Helper()
 	srv.MustCLI("ACL", "SETUSER", "b", "on", ">secret", "~*", "&*", "+@all")
 	newHub := func(opts RedisOptions) *RedisThrottles {
 		opts.Addrs, opts.CheckInterval = []string{srv.Addr()}, 200*time.Millisecond
@@ -513,11 +509,24 @@ func TestRedisThrottleMissedWhileARepairFailsIsApplied(t *testing.T) {
 		t.Cleanup(func() { _ = hub.Close() })
 		return hub.Throttles().(*RedisThrottles)
 	}
-	ctx := context.Background()
-	a, b := newHub(RedisOptions{}), newHub(RedisOptions{Username: "b", Password: "secret"})
-	_, _ = b.Remaining(ctx, "x")
+	a, b = newHub(RedisOptions{}), newHub(RedisOptions{Username: "b", Password: "secret"})
+	_, _ = b.Remaining(context.Background(), "x")
 	waitLoaded(t, b)
 	srv.WaitShardSubscribers(t, b.b.Key(throttleChannel), 1)
+	return a, b
+}
+
+// The throttles follow their channel as a bare hub subscriber: they do not
+// notice gaps. An announcement this instance missed (its pub/sub
+// connection was replaced) is repaired from the history, but while the
+// history cannot be read (here an ACL; in production a timeout, BUSY, a
+// pool wait) the next announcement is delivered and moves the watch's last
+// position past the missed one. Nothing delivers it afterwards: the checks
+// find head == last.
+func TestRedisThrottleMissedWhileARepairFailsIsApplied(t *testing.T) {
+	srv := redistest.Start(t)
+	a, b := twoThrottleInstances(t, srv)
+	ctx := context.Background()
 	waitSynced(t, b.b, throttleChannel)
 
 	// b cannot read the channel's history for a while
@@ -584,21 +593,8 @@ func TestRedisThrottlesBeyondTheRepairLimitAreApplied(t *testing.T) {
 // another instance throttled meanwhile was let in).
 func TestRedisThrottlesAskRedisWhileTheirSubscriptionIsRefused(t *testing.T) {
 	srv := redistest.Start(t)
-	srv.MustCLI("ACL", "SETUSER", "b", "on", ">secret", "~*", "&*", "+@all")
-	newHub := func(opts RedisOptions) *RedisThrottles {
-		opts.Addrs, opts.CheckInterval = []string{srv.Addr()}, 200*time.Millisecond
-		hub, err := NewRedisHub(opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = hub.Close() })
-		return hub.Throttles().(*RedisThrottles)
-	}
+	a, b := twoThrottleInstances(t, srv)
 	ctx := context.Background()
-	a, b := newHub(RedisOptions{}), newHub(RedisOptions{Username: "b", Password: "secret"})
-	_, _ = b.Remaining(ctx, "x")
-	waitLoaded(t, b)
-	srv.WaitShardSubscribers(t, b.b.Key(throttleChannel), 1)
 
 	srv.MustCLI("ACL", "SETUSER", "b", "-ssubscribe")
 	srv.MustCLI("CLIENT", "KILL", "USER", "b") // its subscription is made again, and refused
