@@ -242,9 +242,9 @@ func TestStalledClientCatchesUpWithoutHole(t *testing.T) {
 	client := smallReceiveBuffer()
 	c := openStreamGated(t, srv.base+"/events", client)
 
-	// 24 MiB: several times what the server's send buffer (at most
+	// 12 MiB: three times what the server's send buffer (at most
 	// net.ipv4.tcp_wmem's 4 MiB here) and the client's 4 KiB can hold
-	const events = 24 * 1024
+	const events = 12 * 1024
 	payload := strings.Repeat("x", 1000)
 	var wg sync.WaitGroup
 	for p := range 4 {

@@ -70,7 +70,7 @@ func TestServerTimeoutsDoNotCutStreams(t *testing.T) {
 					t.Fatalf("served over %s", c.resp.Proto)
 				}
 				c.comment("ok")
-				liveFor(t, c, 4*time.Second)
+				liveFor(t, c, 2500*time.Millisecond) // past each 1s timeout twice
 				srv.publish("/events", map[string]any{"channel": "a", "data": "late"})
 				if ev := c.next(); ev.Data != "late" {
 					t.Fatalf("got %+v", ev)
