@@ -156,14 +156,7 @@ func testReconnectsDuringAReload(t *testing.T, before, after string) {
 	}
 	srv.reload(after)
 	wg.Wait()
-	close(failures)
-	var got []string
-	for f := range failures {
-		got = append(got, f)
-	}
-	if len(got) > 0 {
-		t.Fatalf("%d of %d immediate reconnects failed, e.g. %q", len(got), n, got[0])
-	}
+	noFailures(t, failures, n, "immediate reconnects")
 }
 
 // The counts return to zero once every stream of an old config is gone:

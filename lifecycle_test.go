@@ -235,13 +235,20 @@ func TestReloadReconnectsAllGetAResponse(t *testing.T) {
 	}
 	srv.reload(noJitterSite)
 	wg.Wait()
+	noFailures(t, failures, n, "reconnects")
+}
+
+// noFailures closes failures, which goroutines filled, and fails the test
+// with their count out of n and the first of them, if any.
+func noFailures(t *testing.T, failures chan string, n int, what string) {
+	t.Helper()
 	close(failures)
 	var got []string
 	for f := range failures {
 		got = append(got, f)
 	}
 	if len(got) > 0 {
-		t.Fatalf("%d of %d reconnects failed, e.g. %q", len(got), n, got[0])
+		t.Fatalf("%d of %d %s failed, e.g. %q", len(got), n, what, got[0])
 	}
 }
 
