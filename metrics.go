@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,16 +30,19 @@ type metrics struct {
 	streamsOpened   prometheus.Counter
 	rejections      *prometheus.CounterVec
 	published       prometheus.Counter
-	deliveredEvents prometheus.Counter
+	deliveredEvents *shardedCounter
 	droppedEvents   prometheus.Counter
 	catchUps        prometheus.Counter
 	replays         prometheus.Counter
 	truncated       prometheus.Counter
 	replayedEvents  prometheus.Counter
 	slowClients     prometheus.Counter
-	latencySeconds  prometheus.Histogram
-	queueDepths     prometheus.Histogram
+	latencySeconds  *shardedHistogram
+	queueDepths     *shardedHistogram
 	backend         *backendCollector
+	// nextShard hands shards of the per-delivery metrics to streams that
+	// have no event loop, round robin.
+	nextShard atomic.Uint32
 }
 
 // watchedRefusals are the reasons a stream is refused, and a publish's
@@ -60,19 +64,19 @@ func newMetrics() *metrics {
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "caddy", Subsystem: "sse", Name: "rejections_total",
 			Help: "Requests refused, by reason (the error code of the refusal)."}, []string{"reason"}),
 		published:       counter("events_published_total", "Events published through this instance's publish endpoints, one per channel."),
-		deliveredEvents: counter("events_delivered_total", "Events written to streams: live, replayed and caught up."),
+		deliveredEvents: newShardedCounter("events_delivered_total", "Events written to streams: live, replayed and caught up."),
 		droppedEvents:   counter("events_dropped_total", "Live events that a full stream queue did not take; the stream catches up on them from the history."),
 		catchUps:        counter("catchups_total", "Times a stream whose queue overflowed caught up from the history."),
 		replays:         counter("replays_total", "Streams that opened with a Last-Event-ID."),
 		truncated:       counter("replays_truncated_total", "Streams whose replay was truncated."),
 		replayedEvents:  counter("events_replayed_total", "Events written in the replays of streams that opened with a Last-Event-ID."),
 		slowClients:     counter("slow_client_disconnects_total", "Streams ended because the client read too slowly."),
-		latencySeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "caddy", Subsystem: "sse", Name: "delivery_latency_seconds",
-			Help:    "Time from the publish of a live event until its stream takes it from its queue to write it.",
-			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}}),
-		queueDepths: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "caddy", Subsystem: "sse", Name: "queue_depth",
-			Help:    "Events waiting in a stream's queue each time its writer takes them; never more than the queue setting.",
-			Buckets: prometheus.ExponentialBuckets(1, 2, 12)}),
+		latencySeconds: newShardedHistogram("delivery_latency_seconds",
+			"Time from the publish of a live event until its stream takes it from its queue to write it.",
+			[]float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}, 1000),
+		queueDepths: newShardedHistogram("queue_depth",
+			"Events waiting in a stream's queue each time its writer takes them; never more than the queue setting.",
+			prometheus.ExponentialBuckets(1, 2, 12), 1),
 		backend: newBackendCollector(),
 	}
 	for _, reason := range watchedRefusals {
@@ -146,9 +150,24 @@ func (m *metrics) publishedEvent() {
 	}
 }
 
-func (m *metrics) delivered(n int64) {
+// goroutineShard is the shard for a stream that writes on goroutines (not
+// an event loop's): one of the upper half, round robin; the loops have the
+// lower half (loopShard).
+func (m *metrics) goroutineShard() uint8 {
+	if m == nil {
+		return 0
+	}
+	return uint8(metricShards/2 + m.nextShard.Add(1)%(metricShards/2))
+}
+
+// loopShard is the shard of the i-th event loop.
+func loopShard(i int) uint8 { return uint8(i % (metricShards / 2)) }
+
+// delivered, latency and queueDepth run at every delivery: they write the
+// caller's shard (metrics_sharded.go).
+func (m *metrics) delivered(shard uint8, n int64) {
 	if m != nil && n > 0 {
-		m.deliveredEvents.Add(float64(n))
+		m.deliveredEvents.add(shard, uint64(n))
 	}
 }
 
@@ -191,15 +210,15 @@ func (m *metrics) slowClient() {
 // latency records a live event's delay from publish to write, in ms (the
 // resolution of an event's publish time). Clocks of other instances may be
 // a little ahead: a negative delay counts as zero.
-func (m *metrics) latency(ms int64) {
+func (m *metrics) latency(shard uint8, ms int64) {
 	if m != nil {
-		m.latencySeconds.Observe(float64(max(ms, 0)) / 1000)
+		m.latencySeconds.observe(shard, uint64(max(ms, 0)))
 	}
 }
 
-func (m *metrics) queueDepth(events int) {
+func (m *metrics) queueDepth(shard uint8, events int) {
 	if m != nil {
-		m.queueDepths.Observe(float64(events))
+		m.queueDepths.observe(shard, uint64(max(events, 0)))
 	}
 }
 

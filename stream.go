@@ -71,8 +71,9 @@ type stream struct {
 
 	mu        sync.Mutex
 	overflow  bool
-	begun     bool // registered and counted (see begin, release)
-	ownStacks bool // its steps run on goroutines of their own (stack.go)
+	begun     bool  // registered and counted (see begin, release)
+	ownStacks bool  // its steps run on goroutines of their own (stack.go)
+	shard     uint8 // the copy of the per-delivery metrics it writes: its event loop's, if it has one
 	beatDue   atomic.Bool
 	degraded  atomic.Bool // opened without its history; see degraded.go
 	uncounted uint32      // events written since the metrics last counted them (per flush)
@@ -113,6 +114,7 @@ func newStream(h *Handler, names []string) *stream {
 		keys:   names, // the same without a namespace: one slice less per stream
 		cursor: make([]replay.ChannelPosition, len(names)),
 		fresh:  newSlotBits(len(names)),
+		shard:  h.metrics.goroutineShard(),
 	}
 	if h.Namespace != "" {
 		s.keys = make([]string, len(names))
@@ -379,7 +381,7 @@ func (s *stream) drain(ctx context.Context) error {
 func (s *stream) drainBatch(ctx context.Context, batch []queued, overflowed bool) ([]queued, error) {
 	if len(batch) > 0 {
 		s.batchStartedMs = time.Now().UnixMilli()
-		s.h.metrics.queueDepth(len(batch))
+		s.h.metrics.queueDepth(s.shard, len(batch))
 	}
 	if overflowed {
 		s.queueFull(len(batch))
@@ -444,7 +446,7 @@ func (s *stream) flush() error {
 // countDelivered adds the events written since the last count to the
 // metrics: once per flush, not per event, to keep the shared counter cool.
 func (s *stream) countDelivered() {
-	s.h.metrics.delivered(int64(s.uncounted))
+	s.h.metrics.delivered(s.shard, int64(s.uncounted))
 	s.uncounted = 0
 }
 
@@ -606,7 +608,7 @@ func (s *stream) readHistory(ctx context.Context, slot int, from *replay.Positio
 // writeLiveEvent writes a queued event and records how long it took from
 // its publish until the stream took it from the queue.
 func (s *stream) writeLiveEvent(q queued) error {
-	s.h.metrics.latency(s.batchStartedMs - q.ev.Pos.Time)
+	s.h.metrics.latency(s.shard, s.batchStartedMs-q.ev.Pos.Time)
 	return s.writeEvent(q.slot, q.ev)
 }
 

@@ -80,6 +80,7 @@ func (ls *loopSet) running() []*pollLoop {
 			if err != nil {
 				break
 			}
+			l.shard = loopShard(len(ls.loops))
 			ls.loops = append(ls.loops, l)
 			go l.run()
 		}
@@ -167,6 +168,7 @@ type pollLoop struct {
 	stopped bool
 
 	count atomic.Int64
+	shard uint8 // its copy of the per-delivery metrics, which its streams write
 	// chunk holds the chunks written in this round (loop goroutine
 	// only); the current stream's starts at chunkAt.
 	chunk   []byte
@@ -267,6 +269,7 @@ func (l *pollLoop) adopt(s *stream, tk *tconn) {
 	// reload) would close a descriptor this goroutine is about to add.
 	tk.adopting.Store(true)
 	s.out = &tk.lw
+	s.shard = l.shard
 	s.tk.Store(tk)
 	l.mu.Lock()
 	if l.closed {
