@@ -54,9 +54,11 @@ var slowClient = &closeNotice{slow: true}
 // written. The hub's fan-out (any goroutine) fills the queue through
 // Deliver; the connection's own goroutine drains it and writes.
 type stream struct {
+	// The fields written or read at every delivery come first, in four
+	// cache lines; those of a stream's start, end and rare paths follow.
+	// 10k streams do not fit in the caches: each line a delivery touches is
+	// a miss.
 	h      *Handler
-	names  []string // channels as the client names them
-	keys   []string // channels as the hub names them (namespaced)
 	cursor []replay.ChannelPosition
 	// fresh marks the slots that started at their channel's head (the
 	// client's cursor did not name them) and have written nothing yet: see
@@ -82,16 +84,21 @@ type stream struct {
 	queuedLen int64
 	dropped   int64 // live events not queued since the last count
 
+	lastWrite      atomic.Int64 // Unix nanoseconds of the last flush
+	closing        atomic.Pointer[closeNotice]
+	tk             atomic.Pointer[tconn] // set once an event loop writes it (takeover)
+	eventsSent     int64
+	batchStartedMs int64 // when the stream took its queue, for latency
+
+	names         []string                      // channels as the client names them
+	keys          []string                      // channels as the hub names them (namespaced)
 	wake          atomic.Pointer[chan struct{}] // made by run: a taken-over stream never needs it
-	lastWrite     atomic.Int64                  // Unix nanoseconds of the last flush
 	overflowSince atomic.Int64                  // Unix nanoseconds the queue overflowed; 0 if it has not
-	closing       atomic.Pointer[closeNotice]
 	// hurry, if set, brings the deadline of a write in flight down to
 	// lastWordsTimeout, from any goroutine: a stream told to close must not
 	// wait the whole slow-client timeout on a client that stopped reading
 	// (a stop waits for it). Set by whoever makes the stream's writer.
 	hurry atomic.Pointer[func()]
-	tk    atomic.Pointer[tconn]     // set once an event loop writes it (takeover)
 	rare  atomic.Pointer[rareState] // what few streams need (rareState); nil until one does
 
 	who    client // who opened it, for caps, throttles and logs
@@ -99,9 +106,24 @@ type stream struct {
 	began  int64  // when it began streaming, Unix nanoseconds
 	sub    *pubsub.Subscription
 	adm    *admission
+}
 
-	eventsSent     int64
-	batchStartedMs int64 // when the stream took its queue, for latency
+// roundClock is a writer that runs rounds of many streams' writes and
+// reads the clock once for several of them (an event loop).
+type roundClock interface {
+	roundNow() int64 // Unix nanoseconds; 0 if not in a round
+}
+
+// now is the time to stamp a write with, Unix nanoseconds: its event
+// loop's round clock, within a few µs of the system's (clockEvery), or the
+// system's.
+func (s *stream) now() int64 {
+	if rc, ok := s.out.(roundClock); ok {
+		if t := rc.roundNow(); t != 0 {
+			return t
+		}
+	}
+	return time.Now().UnixNano()
 }
 
 // lasted is how long the stream has been streaming.
@@ -380,7 +402,7 @@ func (s *stream) drain(ctx context.Context) error {
 // having flushed what it wrote.
 func (s *stream) drainBatch(ctx context.Context, batch []queued, overflowed bool) ([]queued, error) {
 	if len(batch) > 0 {
-		s.batchStartedMs = time.Now().UnixMilli()
+		s.batchStartedMs = s.now() / int64(time.Millisecond)
 		s.h.metrics.queueDepth(s.shard, len(batch))
 	}
 	if overflowed {
@@ -439,7 +461,7 @@ func (s *stream) flush() error {
 		return err
 	}
 	s.beatDue.Store(false)
-	s.lastWrite.Store(time.Now().UnixNano())
+	s.lastWrite.Store(s.now())
 	return nil
 }
 

@@ -31,6 +31,11 @@ type loopSet struct {
 	noRing error
 }
 
+// clockEvery is how many streams of a round share a reading of the clock:
+// a stream's delivery takes a few µs, so their writes' stamps (the latency
+// metric, in ms; the heartbeat's last write) are off by well under 0.1 ms.
+const clockEvery = 16
+
 // ringEntries is how many sends one io_uring system call takes at most:
 // room for what a loop queues before it submits (submitEvery), and no more
 // (16 KiB of submissions, 8 KiB of completions per loop).
@@ -169,6 +174,10 @@ type pollLoop struct {
 
 	count atomic.Int64
 	shard uint8 // its copy of the per-delivery metrics, which its streams write
+	// clock is the time (Unix ns) its streams stamp their writes with
+	// during a round, read once every clockEvery streams rather than
+	// twice per stream (about 0.1 µs per delivery here); 0 between rounds.
+	clock int64
 	// chunk holds the chunks written in this round (loop goroutine
 	// only); the current stream's starts at chunkAt.
 	chunk   []byte

@@ -185,6 +185,9 @@ func (w *loopWriter) WriteLast(p []byte) error {
 // MayBlock is false: the loop must never wait.
 func (w *loopWriter) MayBlock() bool { return false }
 
+// roundNow is the loop's round clock; 0 outside a round.
+func (w *loopWriter) roundNow() int64 { return w.tk.loop.clock }
+
 // schedule makes the stream's loop service it.
 func (tk *tconn) schedule(s *stream) { tk.loop.schedule(s) }
 

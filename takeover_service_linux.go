@@ -19,11 +19,15 @@ func (l *pollLoop) serviceReady() {
 	l.spare = batch
 	l.mu.Unlock()
 	for i, s := range batch {
+		if i%clockEvery == 0 {
+			l.clock = time.Now().UnixNano()
+		}
 		s.tk.Load().scheduled.Store(false)
 		l.service(s)
 		batch[i] = nil
 	}
 	l.sendQueued()
+	l.clock = 0
 	l.chunk, l.chunkAt = l.chunk[:0], 0
 	if cap(l.chunk) > 4<<20 {
 		l.chunk = nil // do not keep a huge round's buffer

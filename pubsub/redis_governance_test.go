@@ -543,10 +543,7 @@ func TestRedisThrottleMissedWhileARepairFailsIsApplied(t *testing.T) {
 	waitThrottled(t, b, "next|1.2.3.4")
 	srv.MustCLI("ACL", "SETUSER", "b", "~*") // b reads again
 
-	time.Sleep(time.Second) // five check intervals
-	if left, err := b.Remaining(ctx, "missed|1.2.3.4"); err != nil || left < 50*time.Second {
-		t.Fatalf("a throttle announced while b resubscribed: %v left on b (%v), want about a minute", left, err)
-	}
+	waitThrottled(t, b, "missed|1.2.3.4") // a check finds it, within a few intervals
 }
 
 // A repair delivers at most RepairLimit events, the newest: streams notice
@@ -577,12 +574,8 @@ func TestRedisThrottlesBeyondTheRepairLimitAreApplied(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitThrottled(t, b, keys[len(keys)-1])
-	time.Sleep(time.Second) // five check intervals
-	for _, key := range keys {
-		if left, _ := b.Remaining(ctx, key); left < 50*time.Second {
-			t.Errorf("%s throttled while b resubscribed: %v left on b, want about a minute", key, left)
-		}
+	for _, key := range keys { // the older ones found by a check, within a few intervals
+		waitThrottled(t, b, key)
 	}
 }
 
