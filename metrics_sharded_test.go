@@ -77,18 +77,18 @@ func TestShardedCounterSumsShards(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	ch := make(chan prometheus.Metric, 1)
-	c.Collect(ch)
-	var m dto.Metric
-	if err := (<-ch).Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	if got := m.GetCounter().GetValue(); got != 80000 {
+	if got := collectOne(t, c).GetCounter().GetValue(); got != 80000 {
 		t.Fatalf("got %g, want 80000", got)
 	}
 }
 
 func collectHistogram(t *testing.T, c prometheus.Collector) *dto.Histogram {
+	t.Helper()
+	return collectOne(t, c).GetHistogram()
+}
+
+// collectOne is the one metric a collector reports.
+func collectOne(t *testing.T, c prometheus.Collector) *dto.Metric {
 	t.Helper()
 	ch := make(chan prometheus.Metric, 1)
 	c.Collect(ch)
@@ -96,7 +96,7 @@ func collectHistogram(t *testing.T, c prometheus.Collector) *dto.Histogram {
 	if err := (<-ch).Write(&m); err != nil {
 		t.Fatal(err)
 	}
-	return m.GetHistogram()
+	return &m
 }
 
 // Two goroutines delivering at once, as two event loops do: each writing
