@@ -57,12 +57,14 @@ type redisLease struct {
 // renewal put them back beside the new ones. Sending every lease held
 // with every Acquire cost O(held) per stream (O(n²) for a principal with
 // thousands of streams: Redis and the instance's lock saturated at a few
-// thousand), so a call puts back only the newest few (a failover loses the
-// latest writes; the renewal, within a third of the ttl, puts back any
-// other): ARGV[7] of them follow, as member and ttl pairs. When the set is
-// gone (a restart, an eviction) while this instance holds more than those
-// (ARGV[5]), the script answers -1 and the call is made again with all of
-// them (ARGV[6] = 1). The rest of ARGV are leases of the key this instance
+// thousand), so a call sends only the newest few as a sample (a failover
+// loses the latest writes): ARGV[7] of them follow, as member and ttl
+// pairs. When the set is gone (a restart, an eviction), or the sample had
+// to be put back (Redis lost leases, maybe more than the sample), while
+// this instance holds more than the sample (ARGV[5]), the script answers
+// -1 and the call is made again with all of them (ARGV[6] = 1). Only the
+// first Acquire after a loss pays for that: it puts the sample back, so
+// the next ones find it. The rest of ARGV are leases of the key this instance
 // released and has not removed yet. A call that finds its own lease in the
 // set ran before: go-redis sent it again after its reply was lost (a
 // dropped connection); it is granted again, not counted against itself.
@@ -76,7 +78,9 @@ local listed = tonumber(ARGV[7])
 if ARGV[6] ~= '1' and listed < tonumber(ARGV[5]) and redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local last = 7 + 2 * listed
-for i = 8, last, 2 do redis.call('ZADD', KEYS[1], 'NX', now + tonumber(ARGV[i + 1]), ARGV[i]) end
+local lost = 0
+for i = 8, last, 2 do lost = lost + redis.call('ZADD', KEYS[1], 'NX', now + tonumber(ARGV[i + 1]), ARGV[i]) end
+if ARGV[6] ~= '1' and lost > 0 and listed < tonumber(ARGV[5]) then return -1 end
 for i = last + 1, #ARGV do redis.call('ZREM', KEYS[1], ARGV[i]) end
 local limit = tonumber(ARGV[2])
 if limit > 0 and redis.call('ZCARD', KEYS[1]) >= limit and not redis.call('ZSCORE', KEYS[1], ARGV[4]) then return 0 end

@@ -192,8 +192,8 @@ func TestRedisLeaseAcquireDoesNotResendTheLeasesHeld(t *testing.T) {
 // Redis loses the newest writes in a failover, and every write in a restart
 // without persistence: the leases this instance holds that Redis lost are
 // put back before counting (the newest few, sent with every Acquire; all of
-// them when the set is gone), also when other instances' leases are in the
-// set.
+// them when the set is gone or when some of those few were lost, since more
+// than those may be), also when other instances' leases are in the set.
 func TestRedisLeaseAcquirePutsBackLeasesRedisLost(t *testing.T) {
 	srv := redistest.Start(t)
 	r, other := NewRedisLeases(newTestRedis(t, srv)), NewRedisLeases(newTestRedis(t, srv))
@@ -216,6 +216,9 @@ func TestRedisLeaseAcquirePutsBackLeasesRedisLost(t *testing.T) {
 		lose func()
 	}{
 		{"the newest lost", func() { srv.MustCLI(append([]string{"ZREM", "sse:lease:{p}"}, newest(5)...)...) }},
+		{"more than the sample lost", func() {
+			srv.MustCLI(append([]string{"ZREM", "sse:lease:{p}"}, newest(leaseSample+10)...)...)
+		}},
 		{"the set lost", func() { srv.MustCLI("DEL", "sse:lease:{p}") }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
