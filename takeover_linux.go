@@ -262,6 +262,9 @@ func newPollLoop(withRing bool) (*pollLoop, error) {
 	}
 	if withRing {
 		l.ring, _ = uring.New(ringEntries) // without it, a write(2) per stream
+		if l.ring != nil {
+			l.ring.KeepProcessor() // the loop's sends never wait
+		}
 	}
 	l.sentFn = l.sent
 	return l, nil

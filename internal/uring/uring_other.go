@@ -22,6 +22,9 @@ func New(entries uint32) (*Ring, error) { return nil, errors.New("io_uring is Li
 // Entries is 0.
 func (r *Ring) Entries() int { return 0 }
 
+// KeepProcessor does nothing here.
+func (r *Ring) KeepProcessor() {}
+
 // Submit fails.
 func (r *Ring) Submit(ios []IO, done func(i int, n int, err error)) error {
 	return errors.New("io_uring is Linux-only")
