@@ -33,6 +33,22 @@ func BenchmarkCursorEncoder(b *testing.B) {
 	}
 }
 
+// BenchmarkCursorEncoderSameEvent is a loop writing one event's id to the
+// streams of its channel in turn: the encoding is made once.
+func BenchmarkCursorEncoderSameEvent(b *testing.B) {
+	for _, n := range []int{1, 32} {
+		b.Run(fmt.Sprint(n, "ch"), func(b *testing.B) {
+			entries := benchEntries(n)
+			var enc CursorEncoder
+			enc.Encode(entries)
+			b.ReportAllocs()
+			for b.Loop() {
+				enc.Encode(entries)
+			}
+		})
+	}
+}
+
 // BenchmarkEncodeCursor is the id of a publish reply: a fresh string.
 func BenchmarkEncodeCursor(b *testing.B) {
 	for _, n := range []int{1, 32} {

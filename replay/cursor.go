@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"hash/crc32"
+	"slices"
 	"strings"
 )
 
@@ -56,13 +57,21 @@ func HashChannel(name string) uint32 {
 type CursorEncoder struct {
 	raw  []byte
 	text []byte
+	// of is what text encodes: an event loop lends one encoder to the
+	// streams it writes in turn, and those of one channel share the id of
+	// each event, so one encoding serves them all
+	of []ChannelPosition
 }
 
 // Encode returns the text of the cursor made of entries. The returned slice
-// is valid until the next call.
+// is valid until the next call and must not be changed.
 func (c *CursorEncoder) Encode(entries []ChannelPosition) []byte {
+	if len(c.text) > 0 && slices.Equal(entries, c.of) {
+		return c.text
+	}
 	c.raw = appendRawCursor(c.raw[:0], entries)
 	c.text = base64.RawURLEncoding.AppendEncode(c.text[:0], c.raw)
+	c.of = append(c.of[:0], entries...)
 	return c.text
 }
 

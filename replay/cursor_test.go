@@ -146,6 +146,42 @@ func TestCursorEncoderReuse(t *testing.T) {
 	}
 }
 
+// An encoder reused by streams in turn keeps the text of the last cursor
+// for the next stream with the same positions, and encodes again when any
+// part of any position differs, also when the caller changed the entries
+// it was given before in place.
+func TestCursorEncoderNoticesEveryChange(t *testing.T) {
+	entries := []ChannelPosition{entry("a", 1, 2, 3), entry("b", 4, 5, 6)}
+	var enc CursorEncoder
+	check := func(what string) {
+		t.Helper()
+		if got, want := string(enc.Encode(entries)), EncodeCursor(entries...); got != want {
+			t.Fatalf("%s: Encode = %q, want %q", what, got, want)
+		}
+	}
+	check("first")
+	check("the same again")
+	entries = slices.Clone(entries)
+	check("equal entries in another slice")
+	changes := []struct {
+		what   string
+		change func(e *ChannelPosition)
+	}{
+		{"seq changed in place", func(e *ChannelPosition) { e.Pos.Seq++ }},
+		{"time changed in place", func(e *ChannelPosition) { e.Pos.Time++ }},
+		{"epoch changed in place", func(e *ChannelPosition) { e.Pos.Epoch++ }},
+		{"channel changed in place", func(e *ChannelPosition) { e.Hash++ }},
+	}
+	for _, c := range changes {
+		c.change(&entries[1])
+		check(c.what)
+	}
+	entries = entries[:1]
+	check("one channel fewer")
+	entries = append(entries, entry("c", 7, 8, 9))
+	check("another channel")
+}
+
 func TestLookup(t *testing.T) {
 	a, b := HashChannel("a"), HashChannel("b")
 	entries := []ChannelPosition{
