@@ -107,6 +107,21 @@ func (a *admission) release() {
 	a.census.Leave(a.principal)
 }
 
+// releaseThen gives back what the stream held, and reports whether then
+// will be called once the shared store no longer counts its lease (see
+// pubsub.ReleaseNotifier); if not, nothing is left to wait for.
+func (a *admission) releaseThen(then func()) bool {
+	a.census.Leave(a.principal)
+	if n, ok := a.lease.(pubsub.ReleaseNotifier); ok {
+		n.ReleaseThen(then)
+		return true
+	}
+	if a.lease != nil {
+		a.lease.Release()
+	}
+	return false
+}
+
 // admit applies the checks that follow the channels (SPEC S2 steps 3 and
 // 4): the throttle, the per-principal cap, then the instance cap. A refusal
 // comes with its Retry-After. The shared stores fail open: a stream is

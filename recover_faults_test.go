@@ -50,11 +50,14 @@ func TestReloadDuringADegradedRecoveryFromAHungRedisEndsTheStreamPromptly(t *tes
 // stallingProxy forwards TCP connections to a Redis, but once armed, a
 // connection that sends a command holding all of its markers is held: that
 // command and everything after it is never forwarded, as if that Redis
-// hung for that one connection while it still answers the others.
+// hung for that one connection while it still answers the others. With a
+// delay (startDelayingProxy), such a command is held for that long
+// instead, then forwarded with what follows it.
 type stallingProxy struct {
 	ln      net.Listener
 	target  string
 	markers [][]byte
+	delay   time.Duration
 	armed   atomic.Bool
 	stalled chan struct{} // closed at the first held command
 	once    sync.Once
@@ -73,6 +76,12 @@ func startStallingProxy(t *testing.T, target string, markers ...string) *stallin
 	}
 	go p.serve()
 	t.Cleanup(p.close)
+	return p
+}
+
+func startDelayingProxy(t *testing.T, target string, delay time.Duration, markers ...string) *stallingProxy {
+	p := startStallingProxy(t, target, markers...)
+	p.delay = delay
 	return p
 }
 
@@ -114,8 +123,11 @@ func (p *stallingProxy) forward(client, server net.Conn) {
 		}
 		if p.armed.Load() && p.holdsMarkers(buf[:n]) {
 			p.once.Do(func() { close(p.stalled) })
-			_, _ = io.Copy(io.Discard, client)
-			return
+			if p.delay == 0 {
+				_, _ = io.Copy(io.Discard, client)
+				return
+			}
+			time.Sleep(p.delay) // the fault: this connection is slow for a moment
 		}
 		if _, err := server.Write(buf[:n]); err != nil {
 			return

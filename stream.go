@@ -358,11 +358,14 @@ func (s *stream) run(ctx context.Context) error {
 			return nil
 		}
 		if n := s.closing.Load(); n != nil {
+			s.releaseBeforeClosing(n)
 			return s.onOwnStack(func() error { return s.writeClosing(n) })
 		}
 		if err := s.drainStep(ctx); err != nil {
 			if errors.Is(err, errClosing) {
-				return s.onOwnStack(func() error { return s.writeClosing(s.closing.Load()) })
+				n := s.closing.Load()
+				s.releaseBeforeClosing(n)
+				return s.onOwnStack(func() error { return s.writeClosing(n) })
 			}
 			return err
 		}

@@ -194,6 +194,47 @@ func (s *stream) releaseAdmission() {
 	}
 }
 
+// releaseAdmissionThen gives back the stream's share of the caps, and
+// reports whether then will be called once the shared store no longer
+// counts its lease (admission.releaseThen).
+func (s *stream) releaseAdmissionThen(then func()) bool {
+	a := s.adm
+	if a == nil {
+		return false
+	}
+	s.adm = nil
+	return a.releaseThen(then)
+}
+
+// leaseGoneWait bounds how long a stream told to reconnect waits for its
+// lease to leave the shared store before it says so (a Redis that does
+// not answer: the lease lapses within its ttl then).
+const leaseGoneWait = time.Second
+
+// releaseBeforeClosing gives back the share of its principal's cap of a
+// stream about to be told to reconnect (not one cut off as a slow client,
+// which is throttled), and waits, within leaseGoneWait, until the shared
+// store no longer counts it: the client may come back at once through
+// another instance, which would refuse it at the cap for its own old
+// stream (a 429 makes a browser's EventSource give up for good). On
+// goroutines only; the event loops do the same without waiting
+// (pollLoop.close).
+func (s *stream) releaseBeforeClosing(n *closeNotice) {
+	if n == nil || n.slow {
+		return
+	}
+	gone := make(chan struct{})
+	if !s.releaseAdmissionThen(func() { close(gone) }) {
+		return
+	}
+	t := time.NewTimer(leaseGoneWait)
+	defer t.Stop()
+	select {
+	case <-gone:
+	case <-t.C:
+	}
+}
+
 // lastEventID returns the client's cursor text: the Last-Event-ID header
 // wins over the lastEventID query parameter, because EventSource resends
 // its original URL on every reconnect but a fresh header.

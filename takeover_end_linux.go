@@ -67,8 +67,8 @@ func (l *pollLoop) endAll() {
 	for _, s := range streams {
 		if n := s.closing.Load(); n != nil {
 			// told to close, not serviced yet (run took the stop before
-			// the kick): its last words
-			l.close(s, n)
+			// the kick): its last words, without waiting for its lease
+			l.closeNow(s, n)
 			continue
 		}
 		l.end(s, errStopping)

@@ -223,6 +223,7 @@ type tconn struct {
 	ended     atomic.Bool // claimed by whoever ends it: the loop (end), or a hand-off to a stopping loop
 	outArmed  bool
 	queued    bool                  // a send of it waits in the loop's queue
+	leaseWait bool                  // told to close, it waits for its lease to leave the shared store (pollLoop.close); under loop.mu
 	blocked   atomic.Int64          // Unix nanoseconds since the socket stopped taking bytes; 0 if it takes them
 	pending   []byte                // bytes the socket has not taken yet
 	unwatched atomic.Pointer[error] // the epoll instance refused it: the loop ends it
@@ -326,6 +327,7 @@ func (s *stream) endUnadopted(tk *tconn) {
 	s.out = cw
 	var err error
 	if n := s.closing.Load(); n != nil {
+		s.releaseBeforeClosing(n)
 		err = s.writeClosing(n)
 	}
 	if err == nil {

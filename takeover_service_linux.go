@@ -107,6 +107,67 @@ func (l *pollLoop) service(s *stream) {
 // within lastWordsTimeout, as on net/http: a client behind for a moment
 // still gets its last words (SPEC S8).
 func (l *pollLoop) close(s *stream, n *closeNotice) {
+	if l.releaseLeaseFirst(s, n) {
+		return // it is scheduled again once its lease is gone
+	}
+	l.closeNow(s, n)
+}
+
+// releaseLeaseFirst gives back the share of its principal's cap of a
+// stream about to be told to reconnect, and reports whether its closing
+// waits until the shared store no longer counts it, as a goroutine's
+// would (stream.releaseBeforeClosing), without holding up the loop: the
+// stream is scheduled again then, or after leaseGoneWait. What it wrote
+// of a batch goes out meanwhile; its closing follows.
+func (l *pollLoop) releaseLeaseFirst(s *stream, n *closeNotice) bool {
+	tk := s.tk.Load()
+	if l.leaseWaiting(tk) {
+		return true // an event came meanwhile: the closing still waits
+	}
+	if n.slow || s.adm == nil {
+		return false
+	}
+	l.setLeaseWait(tk, true)
+	resume := func() { // the first of the lease's removal and the timer
+		if l.setLeaseWait(tk, false) {
+			tk.schedule(s)
+		}
+	}
+	timer := time.AfterFunc(leaseGoneWait, resume)
+	if !s.releaseAdmissionThen(resume) {
+		l.setLeaseWait(tk, false)
+		timer.Stop()
+		return false
+	}
+	if len(tk.pending) == 0 {
+		_ = s.out.Flush()
+	} else if at := l.chunkAt + chunkHeadroom; len(l.chunk) > at {
+		tk.pending = appendChunk(tk.pending, l.chunk[at:]) // it follows what the socket holds
+	}
+	return true
+}
+
+// leaseWaiting reports whether the stream's closing waits for its lease.
+func (l *pollLoop) leaseWaiting(tk *tconn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return tk.leaseWait
+}
+
+// setLeaseWait sets whether the stream's closing waits for its lease, and
+// reports whether it did.
+func (l *pollLoop) setLeaseWait(tk *tconn, wait bool) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	was := tk.leaseWait
+	tk.leaseWait = wait
+	return was
+}
+
+// closeNow is close without waiting for the stream's lease (the loop
+// is stopping: endAll).
+func (l *pollLoop) closeNow(s *stream, n *closeNotice) {
+	s.releaseAdmission()
 	tk := s.tk.Load()
 	if tk.tls != nil || len(tk.pending) > 0 {
 		l.closeOnGoroutine(s, n, nil) // crypto/tls writes block; a full socket waits
@@ -209,6 +270,7 @@ func (l *pollLoop) slow(s *stream, batch []queued, overflowed bool) {
 // sayClosing writes a lent stream's last words on its goroutine:
 // server_closing (or the slow-client comment) and the end of the body.
 func (tk *tconn) sayClosing(s *stream, n *closeNotice) error {
+	s.releaseBeforeClosing(n)
 	if err := s.writeClosing(n); err != nil {
 		return err
 	}

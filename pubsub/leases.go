@@ -32,6 +32,18 @@ type Lease interface {
 	Release()
 }
 
+// ReleaseNotifier is implemented by leases whose Release reaches a store
+// shared by several instances in the background (Redis): ReleaseThen
+// releases the lease as Release does, and calls then once, on a goroutine
+// of its own, when the shared store no longer counts it or its removal
+// failed (it lapses within its ttl then). then must not block. A stream
+// told to reconnect at once (server_closing at a stop or reload) says so
+// only then: its client may come back through another instance at once,
+// whose check of the cap would otherwise still count the old stream.
+type ReleaseNotifier interface {
+	ReleaseThen(then func())
+}
+
 // LeaseCounter is implemented by leases shared by several instances (the
 // Redis backend): Counts returns how many leases each principal holds across
 // all of them, and Holders which of principals hold a lease here (streams on

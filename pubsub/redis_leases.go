@@ -48,6 +48,10 @@ type redisLease struct {
 	principal string
 	at        int // its index in heldBy[key], while held; under of.mu
 	once      sync.Once
+	// then is called once its release has been flushed (ReleaseThen), and
+	// flushed is set then; both under of.mu
+	then    func()
+	flushed bool
 }
 
 // acquireLease takes a lease (ARGV[4]) unless limit are held. Leases of
@@ -238,6 +242,23 @@ func (l *redisLease) Release() {
 	})
 }
 
+// ReleaseThen releases the lease and calls then once its removal from
+// Redis has been tried (see ReleaseNotifier).
+func (l *redisLease) ReleaseThen(then func()) {
+	r := l.of
+	r.mu.Lock()
+	done := l.flushed
+	if !done {
+		l.then = then
+	}
+	r.mu.Unlock()
+	if done {
+		go then()
+		return
+	}
+	l.Release()
+}
+
 // forgetHeld removes l from heldBy, in constant time (a principal may hold
 // thousands); r.mu is held.
 func (r *RedisLeases) forgetHeld(l *redisLease) {
@@ -370,11 +391,29 @@ func (r *RedisLeases) takeReleased() leaseSet {
 	return r.removing
 }
 
-// removed marks the end of flushReleases' removal.
+// removed marks the end of flushReleases' removal, and tells those
+// waiting for it (ReleaseThen).
 func (r *RedisLeases) removed() {
+	var thens []func()
 	r.mu.Lock()
+	for _, ls := range r.removing {
+		for _, l := range ls {
+			l.flushed = true
+			if l.then != nil {
+				thens = append(thens, l.then)
+				l.then = nil
+			}
+		}
+	}
 	r.removing = nil
 	r.mu.Unlock()
+	if len(thens) > 0 {
+		go func() {
+			for _, then := range thens {
+				then()
+			}
+		}()
+	}
 }
 
 // Counts returns how many live leases each principal holds across every
@@ -452,8 +491,9 @@ func (r *RedisLeases) Close() {
 
 // Interface guards
 var (
-	_ Leases       = (*RedisLeases)(nil)
-	_ LeaseCounter = (*RedisLeases)(nil)
+	_ Leases          = (*RedisLeases)(nil)
+	_ LeaseCounter    = (*RedisLeases)(nil)
+	_ ReleaseNotifier = (*redisLease)(nil)
 )
 
 // expireNoSooner sets key to expire in ttl unless it already expires

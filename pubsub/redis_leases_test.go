@@ -297,3 +297,36 @@ func BenchmarkRedisLeaseAcquire(b *testing.B) {
 		})
 	}
 }
+
+// ReleaseThen calls back once Redis no longer holds the lease: a stream
+// told to reconnect says so only then (its client may come back through
+// another instance at once). Also for a lease released before, and for one
+// released after the leases were closed (their removal is done by then).
+func TestRedisLeaseReleaseThenCallsBackOnceRedisHasItNoMore(t *testing.T) {
+	srv := redistest.Start(t)
+	r := NewRedisLeases(newTestRedis(t, srv))
+	ls := acquireN(t, r, "p", 3, 0)
+	calledBack := func(l Lease, what string) {
+		t.Helper()
+		// Redis holds writes (the removal) for a moment, and answers reads
+		// (the callback's ZSCORE): a callback before the removal sees it
+		srv.MustCLI("CLIENT", "PAUSE", "300", "WRITE")
+		done := make(chan string, 1)
+		l.(ReleaseNotifier).ReleaseThen(func() { done <- srv.MustCLI("ZSCORE", "sse:lease:{p}", l.(*redisLease).member) })
+		select {
+		case score := <-done:
+			if score != "" {
+				t.Fatalf("%s: called back while Redis still holds the lease (score %q)", what, score)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: never called back", what)
+		}
+	}
+	calledBack(ls[0], "a held lease")
+	calledBack(ls[0], "a lease released before")
+	r.Close()
+	calledBack(ls[1], "a lease released after the leases were closed")
+	if n := srv.MustCLI("ZCARD", "sse:lease:{p}"); n != "0" {
+		t.Fatalf("Redis holds %s leases after Close, want 0", n)
+	}
+}
