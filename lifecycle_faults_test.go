@@ -122,7 +122,7 @@ func TestReconnectsDuringAReloadAreNotRefusedByTheirOwnLeases(t *testing.T) {
 	// or its client, back at once, would still be counted
 	t.Run("redis, a new hub, the leases' removal slow", func(t *testing.T) {
 		rds := redistest.Start(t)
-		proxy := startDelayingProxy(t, rds.Addr(), 300*time.Millisecond, "zrem", "lease:") // go-redis sends commands in lower case
+		proxy := startDelayingProxy(t, rds.Addr(), 100*time.Millisecond, "zrem", "lease:") // go-redis sends commands in lower case
 		pool := func(n int) string {
 			return cappedRetryNowSite("redis {\n\t\t\turl redis://" + proxy.addr() + "\n\t\t\tpool_size " + itoa(n) + "\n\t\t}")
 		}

@@ -208,8 +208,11 @@ func (s *stream) releaseAdmissionThen(then func()) bool {
 
 // leaseGoneWait bounds how long a stream told to reconnect waits for its
 // lease to leave the shared store before it says so (a Redis that does
-// not answer: the lease lapses within its ttl then).
-const leaseGoneWait = time.Second
+// not answer: the lease lapses within its ttl then). A removal takes a
+// round trip; the bound keeps a stop prompt while Redis hangs, and the
+// shared store stops making streams wait once a removal is that late
+// (RedisLeases.ReleaseThen).
+const leaseGoneWait = 500 * time.Millisecond
 
 // releaseBeforeClosing gives back the share of its principal's cap of a
 // stream about to be told to reconnect (not one cut off as a slow client,

@@ -651,13 +651,36 @@ func (b *Redis) Close() error {
 		return nil
 	}
 	close(b.quit)
-	b.watch.close()
+	watched := make(chan struct{})
+	go func() {
+		b.watch.close()
+		close(watched)
+	}()
+	wait := time.NewTimer(watchCloseWait)
+	defer wait.Stop()
+	select {
+	case <-watched:
+	case <-wait.C:
+		// a shard waits for a Redis that hangs: go-redis ends a read at its
+		// timeout, not when its context ends, so closing the client below
+		// is what ends it
+	}
 	for _, f := range b.onClose {
 		f()
 	}
 	defer goRedisLogs.pop(b.opts.Logger)
-	return b.client.Close()
+	err := b.client.Close()
+	wait.Reset(watchCloseWait)
+	select {
+	case <-watched:
+	case <-wait.C:
+		b.log().Warn("a Redis connection did not end when its client closed; it ends with its read timeout")
+	}
+	return err
 }
+
+// watchCloseWait bounds each wait of Close for the shards' goroutines.
+const watchCloseWait = 500 * time.Millisecond
 
 // Client returns the go-redis client, for other users of the same Redis
 // (leases, throttles, idempotency keys).

@@ -31,13 +31,16 @@ type RedisLeases struct {
 	held     map[*redisLease]struct{}
 	heldBy   map[string][]*redisLease // held, by key: Acquire puts them back if Redis lost them
 	released leaseSet
-	removing leaseSet      // released ones that flushReleases is removing now
-	ttl      time.Duration // the shortest ttl held (asked for, until a renewal): a third of it is the renewal period
-	running  bool
-	wake     chan struct{}
-	stop     chan struct{}
-	done     chan struct{}
-	closed   bool
+	removing leaseSet // released ones that flushReleases is removing now
+	// removingSince is when the removal under way began (zero if none):
+	// one under way for longer than lateRemoval is taken for stuck
+	removingSince time.Time
+	ttl           time.Duration // the shortest ttl held (asked for, until a renewal): a third of it is the renewal period
+	running       bool
+	wake          chan struct{}
+	stop          chan struct{}
+	done          chan struct{}
+	closed        bool
 }
 
 type redisLease struct {
@@ -242,12 +245,19 @@ func (l *redisLease) Release() {
 	})
 }
 
+// lateRemoval is how long a removal of released leases may be under way
+// before ReleaseThen stops making its callers wait for the next one: Redis
+// hangs or is far away, and a stop must stay prompt (the leases lapse
+// within their ttl then).
+const lateRemoval = 500 * time.Millisecond
+
 // ReleaseThen releases the lease and calls then once its removal from
-// Redis has been tried (see ReleaseNotifier).
+// Redis has been tried (see ReleaseNotifier), or at once if a removal
+// under way is late.
 func (l *redisLease) ReleaseThen(then func()) {
 	r := l.of
 	r.mu.Lock()
-	done := l.flushed
+	done := l.flushed || (!r.removingSince.IsZero() && time.Since(r.removingSince) > lateRemoval)
 	if !done {
 		l.then = then
 	}
@@ -388,6 +398,9 @@ func (r *RedisLeases) takeReleased() leaseSet {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.removing, r.released = r.released, leaseSet{}
+	if len(r.removing) > 0 {
+		r.removingSince = time.Now()
+	}
 	return r.removing
 }
 
@@ -405,7 +418,7 @@ func (r *RedisLeases) removed() {
 			}
 		}
 	}
-	r.removing = nil
+	r.removing, r.removingSince = nil, time.Time{}
 	r.mu.Unlock()
 	if len(thens) > 0 {
 		go func() {

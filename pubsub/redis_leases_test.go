@@ -310,7 +310,7 @@ func TestRedisLeaseReleaseThenCallsBackOnceRedisHasItNoMore(t *testing.T) {
 		t.Helper()
 		// Redis holds writes (the removal) for a moment, and answers reads
 		// (the callback's ZSCORE): a callback before the removal sees it
-		srv.MustCLI("CLIENT", "PAUSE", "300", "WRITE")
+		srv.MustCLI("CLIENT", "PAUSE", "200", "WRITE")
 		done := make(chan string, 1)
 		l.(ReleaseNotifier).ReleaseThen(func() { done <- srv.MustCLI("ZSCORE", "sse:lease:{p}", l.(*redisLease).member) })
 		select {

@@ -33,8 +33,11 @@ type shard struct {
 	lastCheck time.Time
 	wake      chan struct{}
 	quit      chan struct{}
-	closed    bool
-	parked    bool // run waits for a channel (parkIfEmpty)
+	// ctx is cancelled when the shard closes: its calls to Redis end then
+	ctx    context.Context
+	cancel context.CancelFunc
+	closed bool
+	parked bool // run waits for a channel (parkIfEmpty)
 	// denied is Redis' refusal of the shard's subscriptions (NOPERM: an
 	// ACL), until a connection has all of them confirmed; its watches are
 	// marked denied meanwhile (redis_denied.go).
@@ -46,8 +49,9 @@ type shard struct {
 // subscription is confirmed (a full check at the first message read them
 // all a second time).
 func newShard(w *watcher, id string, client redis.UniversalClient) *shard {
+	ctx, cancel := context.WithCancel(context.Background())
 	return &shard{w: w, id: id, client: client, keys: make(map[string]*watch), leaving: make(map[string]int),
-		lastCheck: time.Now(), wake: make(chan struct{}, 1), quit: make(chan struct{})}
+		lastCheck: time.Now(), wake: make(chan struct{}, 1), quit: make(chan struct{}), ctx: ctx, cancel: cancel}
 }
 
 // attach puts key on this shard; it reports whether it must be subscribed
@@ -106,7 +110,7 @@ func (s *shard) subscribe(keys []string) {
 		}
 		return // the connection subscribes every key when it (re)connects
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
 	defer cancel()
 	if err := s.ssubscribe(ctx, ps, keys); err != nil {
 		s.w.b.log().Debug("subscribing failed; the connection will be replaced", zap.String("shard", s.id), zap.Error(err))
@@ -124,7 +128,7 @@ func (s *shard) unsubscribe(keys []string) {
 	if ps == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
 	defer cancel()
 	if err := s.sunsubscribe(ctx, ps, keys); err != nil {
 		s.kill(ps)
@@ -205,7 +209,7 @@ func (s *shard) ping() {
 	if ps == nil {
 		return // connecting: every key is subscribed, and checked, then
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
 	defer cancel()
 	if err := ps.Ping(ctx); err != nil {
 		s.kill(ps)
@@ -228,6 +232,7 @@ func (s *shard) close() {
 	ps := s.ps
 	s.mu.Unlock()
 	close(s.quit)
+	s.cancel() // a call to a Redis that hangs must not hold up the close
 	if ps != nil {
 		_ = ps.Close()
 	}
@@ -286,7 +291,7 @@ func (s *shard) run() {
 // connect makes a new connection and subscribes every key on it; nil if
 // the shard is closed.
 func (s *shard) connect() (*redis.PubSub, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
 	defer cancel()
 	s.mu.Lock()
 	if s.closed {
@@ -387,7 +392,7 @@ func (s *shard) relocate() {
 	if cluster == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
 	defer cancel()
 	cluster.ReloadState(ctx) // in the background: a later end of the connection sees it
 	s.mu.Lock()
@@ -424,7 +429,7 @@ func (s *shard) receive(ps *redis.PubSub) error {
 	interval := s.w.b.opts.CheckInterval
 	idle := 0
 	for {
-		msg, err := ps.ReceiveTimeout(context.Background(), interval)
+		msg, err := ps.ReceiveTimeout(s.ctx, interval)
 		if err != nil {
 			switch {
 			case isTimeout(err):
@@ -432,7 +437,7 @@ func (s *shard) receive(ps *redis.PubSub) error {
 				if idle >= 3 {
 					return errors.New("pub/sub connection silent for three check intervals")
 				}
-				_ = ps.Ping(context.Background())
+				_ = ps.Ping(s.ctx)
 				s.maybeCheck(true)
 				continue
 			case isMoved(err):
@@ -519,7 +524,7 @@ func (s *shard) moveAway() {
 	}
 	s.mu.Unlock()
 	if ps != nil && len(keys) > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
 		_ = s.sunsubscribe(ctx, ps, keys)
 		cancel()
 	}

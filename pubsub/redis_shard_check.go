@@ -90,7 +90,7 @@ const checkBatchSize = 500
 // checkBatch syncs the heads of keys; it returns the keys to check again
 // because Redis did not have the library yet (it has been loaded).
 func (s *shard) checkBatch(keys []string) (again []string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(s.ctx, 10*time.Second)
 	defer cancel()
 	r := s.readHeads(ctx, s.currentClient(), keys)
 	if len(r.asked) > 0 {
