@@ -139,11 +139,7 @@ func (l *pollLoop) releaseLeaseFirst(s *stream, n *closeNotice) bool {
 		timer.Stop()
 		return false
 	}
-	if len(tk.pending) == 0 {
-		_ = s.out.Flush()
-	} else if at := l.chunkAt + chunkHeadroom; len(l.chunk) > at {
-		tk.pending = appendChunk(tk.pending, l.chunk[at:]) // it follows what the socket holds
-	}
+	l.flushWritten(s)
 	return true
 }
 
@@ -164,8 +160,8 @@ func (l *pollLoop) setLeaseWait(tk *tconn, wait bool) bool {
 	return was
 }
 
-// closeNow is close without waiting for the stream's lease (the loop
-// is stopping: endAll).
+// closeNow says the stream's last words at once: close calls it once the
+// stream's lease is gone, endAll (the loop is stopping) without waiting.
 func (l *pollLoop) closeNow(s *stream, n *closeNotice) {
 	s.releaseAdmission()
 	tk := s.tk.Load()
@@ -185,11 +181,7 @@ func (l *pollLoop) closeNow(s *stream, n *closeNotice) {
 // lastWordsTimeout.
 func (l *pollLoop) endBody(s *stream, err error) {
 	tk := s.tk.Load()
-	if len(tk.pending) == 0 {
-		_ = s.out.Flush()
-	} else if at := l.chunkAt + chunkHeadroom; len(l.chunk) > at {
-		tk.pending = appendChunk(tk.pending, l.chunk[at:]) // it follows what the socket holds
-	}
+	l.flushWritten(s)
 	if len(tk.pending) > 0 { // the end must follow the unsent part
 		tk.pending = append(tk.pending, lastChunk...)
 	} else {
@@ -200,6 +192,17 @@ func (l *pollLoop) endBody(s *stream, err error) {
 		return
 	}
 	l.end(s, err)
+}
+
+// flushWritten sends what the stream wrote and did not flush, or, if its
+// socket holds bytes it has not taken, keeps it after them.
+func (l *pollLoop) flushWritten(s *stream) {
+	tk := s.tk.Load()
+	if len(tk.pending) == 0 {
+		_ = s.out.Flush()
+	} else if at := l.chunkAt + chunkHeadroom; len(l.chunk) > at {
+		tk.pending = appendChunk(tk.pending, l.chunk[at:]) // it follows what the socket holds
+	}
 }
 
 // lendScratch lends the loop's formatting buffer and cursor encoder to a

@@ -262,11 +262,10 @@ func (l *redisLease) ReleaseThen(then func()) {
 		l.then = then
 	}
 	r.mu.Unlock()
+	l.Release()
 	if done {
 		go then()
-		return
 	}
-	l.Release()
 }
 
 // forgetHeld removes l from heldBy, in constant time (a principal may hold

@@ -324,8 +324,30 @@ func TestRedisLeaseReleaseThenCallsBackOnceRedisHasItNoMore(t *testing.T) {
 	}
 	calledBack(ls[0], "a held lease")
 	calledBack(ls[0], "a lease released before")
+
+	// a removal under way for longer than lateRemoval (Redis hangs): the
+	// next ReleaseThen calls back at once, and its lease is still released
+	srv.MustCLI("CLIENT", "PAUSE", "1500", "WRITE")
+	ls[2].Release()
+	time.Sleep(lateRemoval + 200*time.Millisecond) // the removal of ls[2] is late by now
+	done := make(chan struct{})
+	ls[1].(ReleaseNotifier).ReleaseThen(func() { close(done) })
+	select {
+	case <-done:
+	case <-time.After(lateRemoval):
+		t.Fatal("ReleaseThen waited for a removal under way while the one before was late")
+	}
+	member := ls[1].(*redisLease).member
+	deadline := time.Now().Add(10 * time.Second)
+	for srv.MustCLI("ZSCORE", "sse:lease:{p}", member) != "" {
+		if time.Now().After(deadline) {
+			t.Fatal("the lease released while a removal was late was never removed")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	ls = append(ls, acquireN(t, r, "p", 1, 0)...)
 	r.Close()
-	calledBack(ls[1], "a lease released after the leases were closed")
+	calledBack(ls[3], "a lease released after the leases were closed")
 	if n := srv.MustCLI("ZCARD", "sse:lease:{p}"); n != "0" {
 		t.Fatalf("Redis holds %s leases after Close, want 0", n)
 	}
