@@ -220,7 +220,7 @@ func (r *Ring) mapRings(p *params) error {
 // KeepProcessor makes Submit keep the calling goroutine's Go processor
 // during its system calls, as if they were short: Go's runtime otherwise
 // treats a system call that lasts past its monitor's tick (20 µs; a
-// submission of a hundred sends to loopback sockets takes about a
+// submission of 128 sends to loopback sockets takes about half a
 // millisecond) as blocked, hands the processor to another thread and
 // takes one back when the call returns, and its monitor, finding that to
 // do, keeps waking every 20 µs (docs/PERFORMANCE.md, sixteenth session:
