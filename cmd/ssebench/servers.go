@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -122,8 +123,10 @@ func (r *runner) spawn() error {
 	}
 	setPhase("spawn")
 	addrs := []string{}
+	secure := map[string]bool{}
 	for _, t := range r.targets {
 		addrs = append(addrs, t.addr.String())
+		secure[t.addr.String()] = t.tls
 	}
 	addrs = append(addrs, cfg.admins...)
 	if err := nothingListens(addrs); err != nil {
@@ -168,9 +171,8 @@ func (r *runner) spawn() error {
 	}
 	for _, a := range addrs {
 		for {
-			c, err := net.DialTimeout("tcp", a, time.Second)
+			err := dialReady(a, secure[a])
 			if err == nil {
-				c.Close()
 				break
 			}
 			if err := exited(); err != nil {
@@ -196,6 +198,24 @@ func (r *runner) spawn() error {
 		}
 	}
 	return nil
+}
+
+// dialReady connects to addr, with a TLS handshake if secure: a Caddy with
+// `tls internal` listens before its certificate is ready, and refuses the
+// handshakes of that moment (tls: internal error), which a ramp would count
+// as failed attempts.
+func dialReady(addr string, secure bool) error {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if !secure {
+		return nil
+	}
+	tc := tls.Client(c, insecureTLS())
+	_ = tc.SetDeadline(time.Now().Add(time.Second))
+	return tc.Handshake()
 }
 
 // nothingListens fails if a server already listens on one of the addresses

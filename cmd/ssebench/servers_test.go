@@ -1,6 +1,10 @@
 package main
 
 import (
+	"crypto/tls"
+	"errors"
+	"net/http"
+	"net/http/httptest"
 	"os/exec"
 	"syscall"
 	"testing"
@@ -48,5 +52,41 @@ func TestStopProcsKillsEveryStubbornServer(t *testing.T) {
 		if !p.exited() {
 			t.Errorf("server %d (pid %d) still runs", i, p.pid())
 		}
+	}
+}
+
+// TestDialReadyWaitsForTheHandshakeOfATLSTarget: a server that accepts
+// connections but has no certificate yet (a Caddy with `tls internal` just
+// started) is not ready for an https target, and is for an http one; a
+// server that completes the handshake is ready.
+func TestDialReadyWaitsForTheHandshakeOfATLSTarget(t *testing.T) {
+	noCert, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			return nil, errors.New("no certificate yet")
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer noCert.Close()
+	srv := httptest.NewTLSServer(http.NotFoundHandler())
+	defer srv.Close()
+	go func() {
+		for {
+			c, err := noCert.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _ = c.(*tls.Conn).Handshake(); c.Close() }()
+		}
+	}()
+	if err := dialReady(noCert.Addr().String(), true); err == nil {
+		t.Error("ready before the server could complete a handshake")
+	}
+	if err := dialReady(noCert.Addr().String(), false); err != nil {
+		t.Errorf("a cleartext target is ready once something listens: %v", err)
+	}
+	if err := dialReady(srv.Listener.Addr().String(), true); err != nil {
+		t.Errorf("not ready though the handshake works: %v", err)
 	}
 }
