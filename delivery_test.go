@@ -462,64 +462,23 @@ func TestStreamEndedByAHistoryGapEndsItsBody(t *testing.T) {
 	}
 }
 
-// idleCuttingProxy forwards TCP connections to a server and closes any
-// whose server has sent nothing for idle: a load balancer's idle timeout.
-type idleCuttingProxy struct {
-	ln    net.Listener
-	idle  time.Duration
-	mu    sync.Mutex
-	conns []net.Conn
+// startIdleCuttingProxy forwards TCP connections to a server and closes
+// any whose server has sent nothing for idle: a load balancer's idle
+// timeout.
+func startIdleCuttingProxy(t *testing.T, target string, idle time.Duration) *tcpProxy {
+	return startTCPProxy(t, target, plainPipe, func(server, client net.Conn) {
+		cutWhenIdle(server, client, idle)
+	})
 }
 
-func startIdleCuttingProxy(t *testing.T, target string, idle time.Duration) *idleCuttingProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &idleCuttingProxy{ln: ln, idle: idle}
-	var wg sync.WaitGroup
-	t.Cleanup(func() {
-		_ = ln.Close()
-		wg.Wait()
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		for _, c := range p.conns {
-			_ = c.Close()
-		}
-	})
-	wg.Go(func() {
-		for {
-			client, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			server, err := net.Dial("tcp", target)
-			if err != nil {
-				_ = client.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns = append(p.conns, client, server)
-			p.mu.Unlock()
-			go func() {
-				_, _ = io.Copy(server, client)
-				_ = server.Close()
-			}()
-			go p.forward(server, client)
-		}
-	})
-	return p
-}
-
-// forward copies what the server sends to the client until the server has
-// been silent for idle, then cuts both.
-func (p *idleCuttingProxy) forward(server, client net.Conn) {
+// cutWhenIdle copies what the server sends to the client until the server
+// has been silent for idle, then cuts both.
+func cutWhenIdle(server, client net.Conn, idle time.Duration) {
 	defer client.Close()
 	defer server.Close()
 	buf := make([]byte, 32<<10)
 	for {
-		_ = server.SetReadDeadline(time.Now().Add(p.idle))
+		_ = server.SetReadDeadline(time.Now().Add(idle))
 		n, err := server.Read(buf)
 		if n > 0 {
 			if _, werr := client.Write(buf[:n]); werr != nil {
@@ -531,8 +490,6 @@ func (p *idleCuttingProxy) forward(server, client net.Conn) {
 		}
 	}
 }
-
-func (p *idleCuttingProxy) url() string { return "http://" + p.ln.Addr().String() }
 
 // Seed 002: "Idle streams emit a heartbeat and survive intermediary idle
 // timeouts". Behind a proxy that cuts connections idle for 1.5 s, a quiet

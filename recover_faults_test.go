@@ -54,62 +54,28 @@ func TestReloadDuringADegradedRecoveryFromAHungRedisEndsTheStreamPromptly(t *tes
 // delay (startDelayingProxy), such a command is held for that long
 // instead, then forwarded with what follows it.
 type stallingProxy struct {
-	ln      net.Listener
-	target  string
+	*tcpProxy
 	markers [][]byte
 	delay   time.Duration
 	armed   atomic.Bool
 	stalled chan struct{} // closed at the first held command
 	once    sync.Once
-	mu      sync.Mutex
-	conns   []net.Conn
 }
 
 func startStallingProxy(t *testing.T, target string, markers ...string) *stallingProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &stallingProxy{ln: ln, target: target, stalled: make(chan struct{})}
-	for _, m := range markers {
-		p.markers = append(p.markers, []byte(m))
-	}
-	go p.serve()
-	t.Cleanup(p.close)
-	return p
+	return startDelayingProxy(t, target, 0, markers...)
 }
 
 func startDelayingProxy(t *testing.T, target string, delay time.Duration, markers ...string) *stallingProxy {
-	p := startStallingProxy(t, target, markers...)
-	p.delay = delay
+	p := &stallingProxy{delay: delay, stalled: make(chan struct{})}
+	for _, m := range markers {
+		p.markers = append(p.markers, []byte(m))
+	}
+	p.tcpProxy = startTCPProxy(t, target, p.forward, plainPipe)
 	return p
 }
 
-func (p *stallingProxy) addr() string { return p.ln.Addr().String() }
-
 func (p *stallingProxy) arm() { p.armed.Store(true) }
-
-func (p *stallingProxy) serve() {
-	for {
-		client, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		server, err := net.Dial("tcp", p.target)
-		if err != nil {
-			_ = client.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, client, server)
-		p.mu.Unlock()
-		go func() {
-			_, _ = io.Copy(client, server)
-			_ = client.Close()
-		}()
-		go p.forward(client, server)
-	}
-}
 
 // forward copies the client's commands to the server until one holds every
 // marker while the proxy is armed; it then reads and drops the rest.
@@ -142,13 +108,4 @@ func (p *stallingProxy) holdsMarkers(chunk []byte) bool {
 		}
 	}
 	return true
-}
-
-func (p *stallingProxy) close() {
-	_ = p.ln.Close()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range p.conns {
-		_ = c.Close()
-	}
 }
