@@ -65,6 +65,11 @@ func (e *stdEngine) newTransport(t *target) *http.Transport {
 	tr.Protocols = new(http.Protocols)
 	if t.tls && e.k.opts.proto == "h2" {
 		tr.Protocols.SetHTTP2(true)
+		// one dial at a time (for HTTP/2 this limits dials, not
+		// connections): without it every stream started before the
+		// first connection is up dials its own, and net/http closes the
+		// surplus (800–900 TLS handshakes for 40 connections)
+		tr.MaxConnsPerHost = 1
 	} else {
 		tr.Protocols.SetHTTP1(true)
 	}
