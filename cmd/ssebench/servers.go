@@ -179,7 +179,7 @@ func (r *runner) spawn() error {
 				return fmt.Errorf("%v; waiting for %s", err, a)
 			}
 			if time.Now().After(deadline) {
-				return fmt.Errorf("-spawn: nothing listens on %s after %s (logs: %s)", a, cfg.spawnWait, r.serverLogs())
+				return fmt.Errorf("-spawn: %s is not ready after %s: %v (logs: %s)", a, cfg.spawnWait, err, r.serverLogs())
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
