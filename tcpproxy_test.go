@@ -5,6 +5,7 @@ import (
 	"net"
 	"sync"
 	"testing"
+	"time"
 )
 
 // tcpProxy forwards every TCP connection it accepts to target, for tests
@@ -51,7 +52,7 @@ func startTCPProxy(t *testing.T, target string, up, down pipe) *tcpProxy {
 			if err != nil {
 				return
 			}
-			server, err := net.Dial("tcp", target)
+			server, err := net.DialTimeout("tcp", target, 5*time.Second) // bounded: the cleanup waits for this loop
 			if err != nil {
 				_ = client.Close()
 				continue
