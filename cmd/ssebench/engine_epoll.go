@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/caddy-sse/caddy-sse/internal/uring"
 )
 
@@ -90,10 +92,6 @@ type worker struct {
 	slots   []byte
 	readFn  func(i, n int, err error)
 }
-
-// epollET is EPOLLET as the uint32 of an EpollEvent's Events (the syscall
-// package's constant is a negative int).
-const epollET = 1 << 31
 
 // maxReady is how many readiness events one epoll_wait returns at most.
 const maxReady = 512
@@ -412,7 +410,7 @@ func (w *worker) handle(c *client, ev uint32) {
 		// next epoll_wait after its read emptied it, which cost about an
 		// eighth of the tool's CPU in the fan-out (perf: sock_poll and
 		// tcp_poll under ep_send_events). Every read now empties the socket.
-		mod := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLRDHUP | epollET, Fd: int32(c.fd)}
+		mod := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLRDHUP | unix.EPOLLET, Fd: int32(c.fd)}
 		if err := syscall.EpollCtl(w.epfd, syscall.EPOLL_CTL_MOD, c.fd, &mod); err != nil {
 			w.attemptFailed(c, "epoll_ctl: "+err.Error())
 			return
