@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -60,7 +59,7 @@ func (e *stdEngine) newTransport(t *target) *http.Transport {
 		MaxIdleConnsPerHost:   16,
 		ResponseHeaderTimeout: e.k.opts.headTimeout,
 		TLSHandshakeTimeout:   e.k.opts.headTimeout,
-		TLSClientConfig:       &tls.Config{InsecureSkipVerify: true}, // loopback benchmarks against `tls internal`
+		TLSClientConfig:       insecureTLS(),
 	}
 	tr.Protocols = new(http.Protocols)
 	if t.tls && e.k.opts.proto == "h2" {
