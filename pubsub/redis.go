@@ -158,7 +158,13 @@ func (b *Redis) Publish(ctx context.Context, channel string, msg Message, lim re
 		}
 		return replay.Position{}, err
 	}
-	return parsePosition(reply)
+	pos, err := parsePosition(reply)
+	if err == nil && msg.Once == "" {
+		// a keyed publish may answer with an earlier request's event,
+		// whose content is not msg's
+		b.watch.deliverPublished(key, pos, msg)
+	}
+	return pos, err
 }
 
 // publishToken is a new random token for one publish (its calls of

@@ -38,6 +38,8 @@ type shard struct {
 	cancel context.CancelFunc
 	closed bool
 	parked bool // run waits for a channel (parkIfEmpty)
+	// checking: a check of heads runs (maybeCheck); the next waits for it
+	checking bool
 	// denied is Redis' refusal of the shard's subscriptions (NOPERM: an
 	// ACL), until a connection has all of them confirmed; its watches are
 	// marked denied meanwhile (redis_denied.go).

@@ -38,6 +38,14 @@ const syncBatchWait = 5 * time.Millisecond
 // maybeCheck compares heads: of channels just (re)subscribed, once all
 // subscriptions are confirmed or the connection is idle; of every channel,
 // once per check interval.
+//
+// The check runs on a goroutine of its own, one at a time per shard. On
+// the receive loop, every event announced while it read the heads of all
+// the shard's channels waited in the socket: a stall every check interval
+// that grows with the channels (docs/PERFORMANCE.md: spread p99.9 20–34 ms
+// → 10–12 ms on a slow box). A check that finds a channel delivered past
+// the head it read leaves it alone (syncHead). Keys confirmed while a check
+// runs wait for its end, which looks again.
 func (s *shard) maybeCheck(idle bool) {
 	s.mu.Lock()
 	var keys []string
@@ -50,6 +58,10 @@ func (s *shard) maybeCheck(idle bool) {
 		if ps != nil {
 			s.kill(ps)
 		}
+		return
+	}
+	if s.checking || s.closed {
+		s.mu.Unlock()
 		return
 	}
 	switch {
@@ -65,10 +77,22 @@ func (s *shard) maybeCheck(idle bool) {
 		keys = slices.Compact(slices.Sorted(slices.Values(s.toSync)))
 		s.toSync = s.toSync[:0]
 	}
-	s.mu.Unlock()
 	if len(keys) > 0 {
-		s.check(keys)
+		s.checking = true
+		s.w.wg.Add(1) // under mu, before close: the shard's run holds a count too
+		go s.runCheck(keys)
 	}
+	s.mu.Unlock()
+}
+
+// runCheck checks keys, then whatever became due meanwhile.
+func (s *shard) runCheck(keys []string) {
+	defer s.w.wg.Done()
+	s.check(keys)
+	s.mu.Lock()
+	s.checking = false
+	s.mu.Unlock()
+	s.maybeCheck(false)
 }
 
 // check reads the heads of keys in pipelines and syncs each watch.
@@ -106,7 +130,7 @@ func (s *shard) checkBatch(keys []string) (again []string) {
 		r.moved = append(r.moved, there.moved...)
 	}
 	for _, h := range r.synced {
-		s.w.syncHead(h.wt, h.head, h.newest)
+		s.w.syncHead(h.wt, h.head, h.newest, h.before)
 	}
 	if len(r.moved) > 0 {
 		s.moveAway()
@@ -126,6 +150,15 @@ type heads struct {
 // readHeads reads the heads of keys through c, in one pipeline, and then
 // the newest events that readNewest reads.
 func (s *shard) readHeads(ctx context.Context, c redis.UniversalClient, keys []string) (r heads) {
+	// what each watch had delivered before the heads were read: the
+	// receive loop goes on delivering while they are (syncHead)
+	watches := make([]*watch, len(keys))
+	before := make([]watchMark, len(keys))
+	for i, key := range keys {
+		if wt := s.w.lookup(key); wt != nil {
+			watches[i], before[i] = wt, wt.mark()
+		}
+	}
 	cmds := s.readPipelined(ctx, c, keys, func(int) []any { return readArgs(0, nil) })
 	var lerr error
 	loaded := false // the keys of a shard are on one primary: one load serves the batch
@@ -160,8 +193,8 @@ func (s *shard) readHeads(ctx context.Context, c redis.UniversalClient, keys []s
 		if err != nil {
 			continue
 		}
-		if wt := s.w.lookup(keys[i]); wt != nil {
-			r.synced = append(r.synced, headOf{wt: wt, head: page.Head})
+		if wt := watches[i]; wt != nil {
+			r.synced = append(r.synced, headOf{wt: wt, head: page.Head, before: before[i]})
 		}
 	}
 	s.readNewest(ctx, c, r.synced)
@@ -174,6 +207,8 @@ type headOf struct {
 	wt     *watch
 	head   replay.Position
 	newest *replay.Event
+	// before is where the watch was when the head was read
+	before watchMark
 }
 
 // readNewest reads, in one pipeline, the newest event of every channel in

@@ -54,6 +54,9 @@ type watch struct {
 	// head since; events may have been published meanwhile, so last is not
 	// where a new stream starts (delivered).
 	behind bool
+	// losses counts the subscriptions lost (lostSubscription): a check
+	// whose heads were read before a loss must not clear behind.
+	losses uint64
 
 	// denied: Redis refuses the subscriptions of its shard (an ACL): no
 	// live event comes (redis_denied.go).
@@ -146,6 +149,18 @@ func (wt *watch) delivered() (replay.Position, bool) {
 	return wt.last, wt.known && !wt.behind
 }
 
+// watchMark is where a watch was when a check read its head.
+type watchMark struct {
+	last   replay.Position
+	losses uint64
+}
+
+func (wt *watch) mark() watchMark {
+	wt.mu.RLock()
+	defer wt.mu.RUnlock()
+	return watchMark{last: wt.last, losses: wt.losses}
+}
+
 // lastKnown is the last position the watch of channel delivered, also
 // while behind (Redis may be down: it is what this instance saw last).
 func (b *Redis) lastKnown(channel string) (replay.Position, bool) {
@@ -165,6 +180,7 @@ func (b *Redis) lastKnown(channel string) (replay.Position, bool) {
 func (wt *watch) lostSubscription() {
 	wt.mu.Lock()
 	wt.behind = true
+	wt.losses++
 	wt.mu.Unlock()
 }
 
@@ -463,6 +479,27 @@ func (w *watcher) accept(wt *watch, ev *replay.Event) {
 	w.deliverLocked(wt, ev)
 }
 
+// deliverPublished delivers an event this instance has just appended at
+// pos, without waiting for Redis to announce it back, if it is the next
+// event of a watch that is caught up: no other event can come between
+// them, and the announcement, when it comes, is a duplicate (accept). Any
+// other watch waits for the announcement as before. It takes a hop off the
+// publish's way to this instance's streams (docs/PERFORMANCE.md).
+func (w *watcher) deliverPublished(key string, pos replay.Position, msg Message) {
+	wt := w.lookup(key)
+	if wt == nil {
+		return
+	}
+	wt.mu.Lock()
+	defer wt.mu.Unlock()
+	if !wt.known || wt.behind || wt.denied.Load() || !wt.last.Follows(pos) {
+		return
+	}
+	if ev, valid := encodeEvent(pos, msg.Type, string(msg.Data)); valid {
+		w.deliverLocked(wt, ev)
+	}
+}
+
 func (w *watcher) deliverLocked(wt *watch, ev *replay.Event) {
 	wt.last, wt.known = ev.Pos, true
 	w.b.deliver(wt.channel, ev)
@@ -509,8 +546,12 @@ func (w *watcher) repairLocked(wt *watch) bool {
 // a gap and reads the history, the others drop it as a duplicate.
 //
 // newest is that event, read in the same check as head (nil if there is
-// none, or if it was not read).
-func (w *watcher) syncHead(wt *watch, head replay.Position, newest *replay.Event) {
+// none, or if it was not read). before is where the watch was when head
+// was read: a watch that has delivered past head since is not behind (its
+// events are announced while the check runs), and reading its history
+// would only hold up its next announcement; a watch whose subscription was
+// lost since stays behind.
+func (w *watcher) syncHead(wt *watch, head replay.Position, newest *replay.Event, before watchMark) {
 	defer wt.markReady() // known now; after the unlock, so that startAt's read lock is free
 	wt.mu.Lock()
 	defer wt.mu.Unlock()
@@ -520,8 +561,14 @@ func (w *watcher) syncHead(wt *watch, head replay.Position, newest *replay.Event
 		if newest != nil && newest.Pos == head {
 			w.deliverLocked(wt, newest)
 		}
-	case head != wt.last:
+	case head == wt.last:
+	case wt.last != before.last && wt.last.Covers(head) && !wt.last.Contradicts(head):
+		// announced past head while the check ran
+	default:
 		w.repairLocked(wt)
+	}
+	if wt.losses != before.losses {
+		return // lost after the read: events may have gone unannounced since
 	}
 	// caught up with the head this check read, unless the repair failed
 	wt.behind = head != wt.last && !(wt.last.Covers(head) && !wt.last.Contradicts(head))

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/caddy-sse/caddy-sse/internal/redistest"
 	"github.com/caddy-sse/caddy-sse/replay"
 )
@@ -386,4 +388,170 @@ func TestRedisRewrittenHistoryIsReadBeforeTheAnnouncedEvent(t *testing.T) {
 			t.Fatalf("after the rewrite: %q %+v, %q %+v", dataOf(got[3]), got[3].Pos, dataOf(got[4]), got[4].Pos)
 		}
 	})
+}
+
+// A check of heads (every channel of the shard, once per check interval)
+// does not hold up announcements: they are delivered while it waits for
+// Redis. Here its pipelined read is held in a go-redis hook (the pub/sub
+// connection's reads do not pass through pipeline hooks).
+func TestRedisAnnouncementsAreDeliveredWhileACheckWaits(t *testing.T) {
+	srv := redistest.Start(t)
+	pub, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: 200 * time.Millisecond})
+	rec := follow(t, srv, hub, broker, "busy")
+
+	hold := &pipelineHold{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	broker.Client().AddHook(hold)
+	t.Cleanup(hold.releaseAll) // before the hub closes: cleanups run last first
+	select {
+	case <-hold.entered:
+	case <-time.After(redisWait):
+		t.Fatalf("no check read heads within %v", redisWait)
+	}
+
+	publishTo(t, pub, "busy", "while checking")
+	got := rec.waitFor(t, 0, 1)
+	if dataOf(got[0]) != "while checking" {
+		t.Fatalf("delivered %q", dataOf(got[0]))
+	}
+	if hold.released() {
+		t.Fatal("the check was released before the event came: the test proves nothing")
+	}
+}
+
+// pipelineHold is a go-redis hook that holds every pipeline until
+// releaseAll, and tells entered when one is held.
+type pipelineHold struct {
+	entered chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (h *pipelineHold) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *pipelineHold) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (h *pipelineHold) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		select {
+		case h.entered <- struct{}{}:
+		default:
+		}
+		select {
+		case <-h.release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (h *pipelineHold) releaseAll() { h.once.Do(func() { close(h.release) }) }
+
+func (h *pipelineHold) released() bool {
+	select {
+	case <-h.release:
+		return true
+	default:
+		return false
+	}
+}
+
+// The rules of a check that ran while the receive loop went on (syncHead's
+// before): a watch that delivered past the head read is left alone (no
+// history read: this watcher has no Redis, a read would panic), and a watch
+// whose subscription was lost after the read stays behind.
+func TestRedisCheckReadBeforeDeliveriesOrALoss(t *testing.T) {
+	w := &watcher{}
+	at := func(seq uint64) replay.Position { return replay.Position{Epoch: 1, Seq: seq, Time: int64(seq)} }
+
+	ahead := newWatch("ahead", "sse:{ahead}")
+	ahead.last, ahead.known = at(5), true
+	before := ahead.mark()
+	ahead.last = at(7) // announced while the check read the head (6)
+	w.syncHead(ahead, at(6), nil, before)
+	if last, ok := ahead.delivered(); !ok || last != at(7) {
+		t.Fatalf("a watch ahead of the head read: %+v, usable %v", last, ok)
+	}
+
+	lost := newWatch("lost", "sse:{lost}")
+	lost.last, lost.known = at(5), true
+	before = lost.mark()
+	lost.lostSubscription() // the connection ended after the read
+	w.syncHead(lost, at(5), nil, before)
+	if _, ok := lost.delivered(); ok {
+		t.Fatal("a check read before the subscription was lost cleared behind")
+	}
+	w.syncHead(lost, at(5), nil, lost.mark())
+	if _, ok := lost.delivered(); !ok {
+		t.Fatal("a check read after the loss left the watch behind")
+	}
+}
+
+// An event published through this instance reaches its streams without
+// waiting for Redis' announcement, when it is the next of a caught-up
+// watch. Here the shard's receive loop is held up by another channel's
+// subscriber, so no announcement is read meanwhile; the held announcement
+// of the event, read later, is not delivered again.
+func TestRedisOwnPublishIsDeliveredBeforeItsAnnouncement(t *testing.T) {
+	srv := redistest.Start(t)
+	pub, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	own := follow(t, srv, hub, broker, "own")
+
+	blocker := &blockingRecorder{entered: make(chan struct{}), release: make(chan struct{})}
+	sub := hub.Subscribe(blocker, []string{"other"})
+	t.Cleanup(sub.Close)
+	srv.WaitShardSubscribers(t, broker.Key("other"), 1)
+	waitSynced(t, broker, "other")
+	t.Cleanup(blocker.releaseAll) // before the hubs close
+	publishTo(t, pub, "other", "holds the receive loop")
+	select {
+	case <-blocker.entered:
+	case <-time.After(redisWait):
+		t.Fatalf("the other channel's event did not come within %v", redisWait)
+	}
+
+	publishTo(t, hub, "own", "published here")
+	got := own.waitFor(t, 0, 1)
+	if dataOf(got[0]) != "published here" {
+		t.Fatalf("delivered %q", dataOf(got[0]))
+	}
+	if blocker.released() {
+		t.Fatal("the receive loop was released before the event came: the test proves nothing")
+	}
+
+	// published elsewhere, it comes after the held announcement: a
+	// duplicate would come between them
+	blocker.releaseAll()
+	publishTo(t, pub, "own", "next")
+	got = own.waitFor(t, 0, 2)
+	if len(got) != 2 || dataOf(got[1]) != "next" {
+		t.Fatalf("after the held announcement: %d events, last %q", len(got), dataOf(got[len(got)-1]))
+	}
+	assertContiguous(t, got, got[0].Pos.Seq)
+}
+
+// blockingRecorder is a subscriber whose first delivery blocks until
+// releaseAll (it holds up whichever goroutine delivers).
+type blockingRecorder struct {
+	entered, release chan struct{}
+	once, first      sync.Once
+}
+
+func (b *blockingRecorder) Deliver(int, *replay.Event) {
+	b.first.Do(func() {
+		close(b.entered)
+		<-b.release
+	})
+}
+
+func (b *blockingRecorder) releaseAll() { b.once.Do(func() { close(b.release) }) }
+
+func (b *blockingRecorder) released() bool {
+	select {
+	case <-b.release:
+		return true
+	default:
+		return false
+	}
 }
