@@ -400,59 +400,74 @@ func TestRedisAnnouncementsAreDeliveredWhileACheckWaits(t *testing.T) {
 	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: 200 * time.Millisecond})
 	rec := follow(t, srv, hub, broker, "busy")
 
-	hold := &pipelineHold{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	hold := pipelineHold{newGate(t)}
 	broker.Client().AddHook(hold)
-	t.Cleanup(hold.releaseAll) // before the hub closes: cleanups run last first
-	select {
-	case <-hold.entered:
-	case <-time.After(redisWait):
-		t.Fatalf("no check read heads within %v", redisWait)
-	}
-
-	publishTo(t, pub, "busy", "while checking")
-	got := rec.waitFor(t, 0, 1)
-	if dataOf(got[0]) != "while checking" {
-		t.Fatalf("delivered %q", dataOf(got[0]))
-	}
-	if hold.released() {
-		t.Fatal("the check was released before the event came: the test proves nothing")
-	}
+	hold.waitHeld(t, "a check's read of heads")
+	deliveredWhileHeld(t, hold.gate, pub, rec, "busy", "while checking")
 }
 
-// pipelineHold is a go-redis hook that holds every pipeline until
-// releaseAll, and tells entered when one is held.
-type pipelineHold struct {
-	entered chan struct{}
-	release chan struct{}
-	once    sync.Once
-}
+// pipelineHold is a go-redis hook that holds every pipeline at its gate.
+type pipelineHold struct{ *gate }
 
-func (h *pipelineHold) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (h *pipelineHold) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h pipelineHold) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h pipelineHold) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
 
-func (h *pipelineHold) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (h pipelineHold) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		select {
-		case h.entered <- struct{}{}:
-		default:
-		}
-		select {
-		case <-h.release:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+		h.hold()
 		return next(ctx, cmds)
 	}
 }
 
-func (h *pipelineHold) releaseAll() { h.once.Do(func() { close(h.release) }) }
+// gate holds whoever reaches it until the test opens it (or ends: it is
+// opened before the hubs close, as cleanups run last first).
+type gate struct {
+	entered, opened chan struct{}
+	enter, open     sync.Once
+}
 
-func (h *pipelineHold) released() bool {
+func newGate(t *testing.T) *gate {
+	g := &gate{entered: make(chan struct{}), opened: make(chan struct{})}
+	t.Cleanup(g.openUp)
+	return g
+}
+
+func (g *gate) hold() {
+	g.enter.Do(func() { close(g.entered) })
+	<-g.opened
+}
+
+func (g *gate) openUp() { g.open.Do(func() { close(g.opened) }) }
+
+func (g *gate) isOpen() bool {
 	select {
-	case <-h.release:
+	case <-g.opened:
 		return true
 	default:
 		return false
+	}
+}
+
+func (g *gate) waitHeld(t *testing.T, what string) {
+	t.Helper()
+	select {
+	case <-g.entered:
+	case <-time.After(redisWait):
+		t.Fatalf("%s was not held within %v", what, redisWait)
+	}
+}
+
+// deliveredWhileHeld publishes data to channel through via and expects it
+// to be rec's first event while g still holds what it holds.
+func deliveredWhileHeld(t *testing.T, g *gate, via *Hub, rec *redisRecorder, channel, data string) {
+	t.Helper()
+	publishTo(t, via, channel, data)
+	got := rec.waitFor(t, 0, 1)
+	if dataOf(got[0]) != data {
+		t.Fatalf("delivered %q, want %q", dataOf(got[0]), data)
+	}
+	if g.isOpen() {
+		t.Fatal("the gate opened before the event came: the test proves nothing")
 	}
 }
 
@@ -498,60 +513,32 @@ func TestRedisOwnPublishIsDeliveredBeforeItsAnnouncement(t *testing.T) {
 	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
 	own := follow(t, srv, hub, broker, "own")
 
-	blocker := &blockingRecorder{entered: make(chan struct{}), release: make(chan struct{})}
+	blocker := &blockingRecorder{gate: newGate(t)}
 	sub := hub.Subscribe(blocker, []string{"other"})
 	t.Cleanup(sub.Close)
+	t.Cleanup(blocker.openUp) // first: Close waits for the delivery it holds
 	srv.WaitShardSubscribers(t, broker.Key("other"), 1)
 	waitSynced(t, broker, "other")
-	t.Cleanup(blocker.releaseAll) // before the hubs close
 	publishTo(t, pub, "other", "holds the receive loop")
-	select {
-	case <-blocker.entered:
-	case <-time.After(redisWait):
-		t.Fatalf("the other channel's event did not come within %v", redisWait)
-	}
-
-	publishTo(t, hub, "own", "published here")
-	got := own.waitFor(t, 0, 1)
-	if dataOf(got[0]) != "published here" {
-		t.Fatalf("delivered %q", dataOf(got[0]))
-	}
-	if blocker.released() {
-		t.Fatal("the receive loop was released before the event came: the test proves nothing")
-	}
+	blocker.waitHeld(t, "the receive loop")
+	deliveredWhileHeld(t, blocker.gate, hub, own, "own", "published here")
 
 	// published elsewhere, it comes after the held announcement: a
 	// duplicate would come between them
-	blocker.releaseAll()
+	blocker.openUp()
 	publishTo(t, pub, "own", "next")
-	got = own.waitFor(t, 0, 2)
-	if len(got) != 2 || dataOf(got[1]) != "next" {
-		t.Fatalf("after the held announcement: %d events, last %q", len(got), dataOf(got[len(got)-1]))
+	got := own.waitFor(t, 0, 2)
+	if dataOf(got[1]) != "next" {
+		t.Fatalf("after the held announcement came %q", dataOf(got[1]))
 	}
 	assertContiguous(t, got, got[0].Pos.Seq)
 }
 
-// blockingRecorder is a subscriber whose first delivery blocks until
-// releaseAll (it holds up whichever goroutine delivers).
+// blockingRecorder is a subscriber whose first delivery waits at its gate
+// (it holds up whichever goroutine delivers).
 type blockingRecorder struct {
-	entered, release chan struct{}
-	once, first      sync.Once
+	*gate
+	first sync.Once
 }
 
-func (b *blockingRecorder) Deliver(int, *replay.Event) {
-	b.first.Do(func() {
-		close(b.entered)
-		<-b.release
-	})
-}
-
-func (b *blockingRecorder) releaseAll() { b.once.Do(func() { close(b.release) }) }
-
-func (b *blockingRecorder) released() bool {
-	select {
-	case <-b.release:
-		return true
-	default:
-		return false
-	}
-}
+func (b *blockingRecorder) Deliver(int, *replay.Event) { b.first.Do(b.hold) }
