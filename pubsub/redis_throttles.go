@@ -188,7 +188,7 @@ func (r *RedisThrottles) load() {
 			}
 			r.mu.Lock()
 			r.loaded, r.reloading = true, false
-			if !r.last.Covers(page.Head) || r.last.Contradicts(page.Head) {
+			if !r.last.Holds(page.Head) {
 				r.last = page.Head
 			}
 			r.mu.Unlock()
@@ -224,7 +224,7 @@ func (r *RedisThrottles) noteGap(ev *replay.Event) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	switch {
-	case r.last.Covers(ev.Pos) && !r.last.Contradicts(ev.Pos):
+	case r.last.Holds(ev.Pos):
 		return false // known already
 	case r.last.Follows(ev.Pos) || !r.loaded || r.reloading: // the zero position (an empty history) is followed by seq 1
 		r.last = ev.Pos

@@ -461,7 +461,7 @@ func (w *watcher) accept(wt *watch, ev *replay.Event) {
 	defer wt.mu.Unlock()
 	switch {
 	case !wt.known:
-	case wt.last.Covers(ev.Pos) && !wt.last.Contradicts(ev.Pos):
+	case wt.last.Holds(ev.Pos):
 		return
 	case wt.last.Follows(ev.Pos) && !wt.behind:
 	default:
@@ -472,7 +472,7 @@ func (w *watcher) accept(wt *watch, ev *replay.Event) {
 		if w.repairLocked(wt) {
 			wt.behind = false // caught up with the head, while subscribed
 		}
-		if wt.last.Covers(ev.Pos) && !wt.last.Contradicts(ev.Pos) {
+		if wt.last.Holds(ev.Pos) {
 			return
 		}
 	}
@@ -523,7 +523,7 @@ func (w *watcher) repairLocked(wt *watch) bool {
 	}
 	w.warnBad(wt, bad)
 	for _, ev := range page.Events {
-		if !wt.last.Covers(ev.Pos) || wt.last.Contradicts(ev.Pos) {
+		if !wt.last.Holds(ev.Pos) {
 			w.deliverLocked(wt, ev)
 		}
 	}
@@ -562,7 +562,7 @@ func (w *watcher) syncHead(wt *watch, head replay.Position, newest *replay.Event
 			w.deliverLocked(wt, newest)
 		}
 	case head == wt.last:
-	case wt.last != before.last && wt.last.Covers(head) && !wt.last.Contradicts(head):
+	case wt.last != before.last && wt.last.Holds(head):
 		// announced past head while the check ran
 	default:
 		w.repairLocked(wt)
@@ -571,7 +571,7 @@ func (w *watcher) syncHead(wt *watch, head replay.Position, newest *replay.Event
 		return // lost after the read: events may have gone unannounced since
 	}
 	// caught up with the head this check read, unless the repair failed
-	wt.behind = head != wt.last && !(wt.last.Covers(head) && !wt.last.Contradicts(head))
+	wt.behind = head != wt.last && !wt.last.Holds(head)
 }
 
 // beyondHead is the position to read after for a channel's newest event: a

@@ -49,6 +49,11 @@ func (p Position) Contradicts(q Position) bool {
 	return q.Time > p.Time || (q.Seq == p.Seq && q.Time != p.Time)
 }
 
+// Holds reports whether a stream at p has written the event at q in the
+// history it follows: p covers q and q does not contradict it. An event it
+// holds is a duplicate.
+func (p Position) Holds(q Position) bool { return p.Covers(q) && !p.Contradicts(q) }
+
 // Event is one event as stored and delivered: its position and its encoded
 // "event:"/"data:" lines. Frame is shared by every subscriber and by the
 // history, so it must never be modified.

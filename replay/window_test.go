@@ -244,6 +244,11 @@ func TestPositionFollowsAndCovers(t *testing.T) {
 	if zero.Covers(zero) || zero.Covers(pos(0, 0)) {
 		t.Error("the zero position covers nothing")
 	}
+	rewritten := pos(1, 4) // the same seq at another time: a failover reused it
+	rewritten.Time++
+	if !pos(1, 4).Holds(pos(1, 3)) || pos(1, 4).Holds(rewritten) || pos(1, 4).Holds(pos(1, 5)) || zero.Holds(pos(1, 1)) {
+		t.Error("Holds must mean covered and not contradicted")
+	}
 }
 
 // TestSelectInvariants checks, over random histories and cursors, what any
