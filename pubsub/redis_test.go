@@ -615,8 +615,7 @@ func TestRedisNewWatchSyncsOnAFreshRedis(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	// the check found the library missing for every channel: one load
-	// serves them all
+	// the check found the library missing: one load serves every channel
 	if loads := commandCalls(srv.MustCLI("INFO", "commandstats"), "cmdstat_function|load"); loads != "calls=1" {
 		t.Fatalf("FUNCTION LOAD: %s, want calls=1", loads)
 	}

@@ -1,0 +1,102 @@
+package pubsub
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddy-sse/caddy-sse/internal/redistest"
+	"github.com/caddy-sse/caddy-sse/replay"
+)
+
+// The periodic check reads every channel's head with HMGET, not with a
+// call of the library: a function call costs Redis about a hundred times
+// as much, and Redis serves no other client while it runs a pipeline of
+// them (docs/PERFORMANCE.md). A check calls the library once per pipeline,
+// to find it missing.
+func TestRedisChecksReadHeadsWithoutTheLibrary(t *testing.T) {
+	srv := redistest.Start(t)
+	pub, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: 50 * time.Millisecond})
+	const channels, checks = 40, 4
+	for c := range channels {
+		publishTo(t, pub, "head-"+strconv.Itoa(c), "kept")
+	}
+	for c := range channels {
+		follow(t, srv, hub, broker, "head-"+strconv.Itoa(c))
+	}
+	reads, heads := fcallROCalls(t, srv), hmgetCalls(t, srv)
+	deadline := time.Now().Add(redisWait)
+	for hmgetCalls(t, srv)-heads < checks*channels {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d heads read in %v, want %d checks of %d channels", hmgetCalls(t, srv)-heads, redisWait, checks, channels)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// every check reads 40 heads in one pipeline: at most one library
+	// call each, and one for a check under way
+	ran := (hmgetCalls(t, srv) - heads) / channels
+	if n := fcallROCalls(t, srv) - reads; n > ran+1 {
+		t.Fatalf("%d library reads in %d checks of %d channels, want at most %d", n, ran, channels, ran+1)
+	}
+}
+
+// A check's head is the library's: the zero position without history, the
+// meta hash's epoch, seq and time otherwise.
+func TestHeadOfMetaIsTheLibraryHead(t *testing.T) {
+	for _, tc := range []struct {
+		fields []any
+		want   replay.Position
+	}{
+		{[]any{nil, nil, nil}, replay.Position{}},
+		{[]any{"3", "17", "1733333333333"}, replay.Position{Epoch: 3, Seq: 17, Time: 1733333333333}},
+		{[]any{"3", nil, "1733333333333"}, replay.Position{}},
+		{[]any{"3", "x", "1"}, replay.Position{}},
+		{[]any{"3", "17"}, replay.Position{}},
+	} {
+		if got := headOfMeta(tc.fields); got != tc.want {
+			t.Errorf("headOfMeta(%v) = %+v, want %+v", tc.fields, got, tc.want)
+		}
+	}
+}
+
+// A channel's first sync delivers its newest event even where Redis lost
+// the library (FUNCTION FLUSH) but kept the history: the heads are read
+// without the library, so the newest events' reads are the first calls to
+// find it missing; one load serves the channels synced together.
+func TestRedisFirstSyncLoadsAFlushedLibrary(t *testing.T) {
+	srv := redistest.Start(t)
+	pub, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	const channels = 30
+	names := make([]string, channels)
+	heads := make([]replay.Position, channels)
+	for c := range names {
+		names[c] = "kept-" + strconv.Itoa(c)
+		heads[c] = publishTo(t, pub, names[c], "newest")
+	}
+	srv.MustCLI("FUNCTION", "FLUSH")
+	srv.MustCLI("CONFIG", "RESETSTAT") // the publisher's load
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: time.Minute})
+	rec := newRedisRecorder()
+	defer hub.Subscribe(rec, names).Close()
+	for c, name := range names {
+		waitSynced(t, broker, name)
+		got := rec.waitFor(t, c, 1)
+		if got[0].Pos != heads[c] || dataOf(got[0]) != "newest" {
+			t.Fatalf("%s: first sync delivered %+v %q, want %+v newest", name, got[0].Pos, dataOf(got[0]), heads[c])
+		}
+	}
+	if loads := commandCalls(srv.MustCLI("INFO", "commandstats"), "cmdstat_function|load"); loads != "calls=1" {
+		t.Fatalf("FUNCTION LOAD: %s, want calls=1", loads)
+	}
+}
+
+// hmgetCalls is the number of HMGET calls Redis has run outside functions
+// and scripts (and inside them: the library's read calls it once).
+func hmgetCalls(t *testing.T, srv *redistest.Server) int {
+	t.Helper()
+	calls := commandCalls(srv.MustCLI("INFO", "commandstats"), "cmdstat_hmget")
+	n, _ := strconv.Atoi(strings.TrimPrefix(calls, "calls="))
+	return n
+}
