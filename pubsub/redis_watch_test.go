@@ -510,7 +510,8 @@ func TestRedisCheckReadBeforeDeliveriesOrALoss(t *testing.T) {
 func TestRedisOwnPublishIsDeliveredBeforeItsAnnouncement(t *testing.T) {
 	srv := redistest.Start(t)
 	pub, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
-	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	// no check meanwhile: a watch it holds is left to the announcement
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: time.Minute})
 	own := follow(t, srv, hub, broker, "own")
 
 	blocker := &blockingRecorder{gate: newGate(t)}
@@ -542,3 +543,42 @@ type blockingRecorder struct {
 }
 
 func (b *blockingRecorder) Deliver(int, *replay.Event) { b.first.Do(b.hold) }
+
+// A publish does not wait for a watch someone else holds (the shard's
+// goroutine delivering the announcement that came with the reply, a new
+// stream starting): its event is left to the announcement, delivered once.
+func TestRedisOwnPublishDoesNotWaitForABusyWatch(t *testing.T) {
+	srv := redistest.Start(t)
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: time.Minute})
+	rec := follow(t, srv, hub, broker, "busy")
+	wt := broker.watch.lookup(broker.Key("busy"))
+	wt.mu.RLock() // as a starting stream holds it
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			wt.mu.RUnlock()
+		}
+	}
+	t.Cleanup(release)
+	published := make(chan error, 1)
+	go func() {
+		_, err := hub.Publish(context.Background(), "busy", Message{Type: "t", Data: []byte("while held")}, testLimits)
+		published <- err
+	}()
+	select {
+	case err := <-published:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(redisWait):
+		t.Fatalf("the publish waited %v for a watch held elsewhere", redisWait)
+	}
+	release()
+	publishTo(t, hub, "busy", "after")
+	got := rec.waitFor(t, 0, 2)
+	if dataOf(got[0]) != "while held" || dataOf(got[1]) != "after" {
+		t.Fatalf("delivered %q, %q", dataOf(got[0]), dataOf(got[1]))
+	}
+	assertContiguous(t, got, got[0].Pos.Seq)
+}
