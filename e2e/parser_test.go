@@ -2,9 +2,12 @@ package e2e
 
 import (
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestSSEParser checks the test client's own parser against the WHATWG
@@ -42,5 +45,34 @@ func TestSSEParser(t *testing.T) {
 	}
 	if len(p.comments) != 2 || p.comments[0] != " ok" {
 		t.Fatalf("comments %q", p.comments)
+	}
+}
+
+// A reconnection keeps the client's Last-Event-ID through events without
+// an id (server_closing before any other event), as EventSource does: the
+// test client's parser starts at the id the connection was opened with.
+// An empty start made the next reconnect a fresh one, which skipped what
+// was published meanwhile (TestReloadToNewRedisSettingsUnderLoadLosesNothing
+// failed so once).
+func TestSSEConnKeepsItsLastEventIDThroughEventsWithoutOne(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if got := r.Header.Get("Last-Event-ID"); got != "cursor-7" {
+			t.Errorf("Last-Event-ID %q, want cursor-7", got)
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, ": ok\nretry: 3000\n\nevent: server_closing\ndata: {\"reason\":\"reload\"}\n\n")
+	}))
+	defer srv.Close()
+	c, err := tryOpenStream(srv.Client(), srv.URL, "cursor-7", time.Now().Add(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.close()
+	ev, err := c.next(time.Now().Add(10 * time.Second))
+	if err != nil || ev.Type != "server_closing" {
+		t.Fatalf("next: %v %v, want server_closing", ev, err)
+	}
+	if id := c.lastEventID(); id != "cursor-7" {
+		t.Fatalf("after server_closing the last event id is %q, want cursor-7", id)
 	}
 }

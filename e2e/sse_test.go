@@ -214,7 +214,7 @@ func tryOpenStream(client *http.Client, url, lastID string, deadline time.Time) 
 		done:     make(chan struct{}),
 		lastID:   lastID,
 	}
-	go c.read()
+	go c.read(lastID)
 	select {
 	case <-c.preamble:
 		timer.Stop()
@@ -225,10 +225,17 @@ func tryOpenStream(client *http.Client, url, lastID string, deadline time.Time) 
 	}
 }
 
-func (c *sseConn) read() {
+// read parses the stream. Its last event ID buffer starts at the id the
+// connection was opened with, as EventSource's does (browsers seed a
+// reconnection's parser with it): an event without an id on this
+// connection — server_closing before any replayed or live event — keeps
+// the client's position, where an empty buffer made the next reconnect a
+// fresh one that skipped what was published meanwhile.
+func (c *sseConn) read(lastID string) {
 	defer close(c.done)
 	defer c.resp.Body.Close()
 	p := newSSEParser()
+	p.lastID = lastID
 	first := true
 	preambled := false
 	err := readLines(c.resp.Body, func(l string) {
