@@ -495,12 +495,14 @@ func (w *watcher) deliverPublished(key string, pos replay.Position, msg Message)
 	if wt == nil {
 		return
 	}
-	ev, valid := encodeEvent(pos, msg.Type, string(msg.Data))
-	if !valid || !wt.mu.TryLock() {
+	if !wt.mu.TryLock() {
 		return
 	}
 	defer wt.mu.Unlock()
-	if wt.known && !wt.behind && !wt.denied.Load() && wt.last.Follows(pos) {
+	if !wt.known || wt.behind || wt.denied.Load() || !wt.last.Follows(pos) {
+		return
+	}
+	if ev, valid := encodeEvent(pos, msg.Type, string(msg.Data)); valid {
 		w.deliverLocked(wt, ev)
 	}
 }
