@@ -2,7 +2,6 @@ package pubsub
 
 import (
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -26,17 +25,17 @@ func TestRedisChecksReadHeadsWithoutTheLibrary(t *testing.T) {
 	for c := range channels {
 		follow(t, srv, hub, broker, "head-"+strconv.Itoa(c))
 	}
-	reads, heads := fcallROCalls(t, srv), hmgetCalls(t, srv)
+	reads, heads := fcallROCalls(t, srv), commandCount(t, srv, "cmdstat_hmget")
 	deadline := time.Now().Add(redisWait)
-	for hmgetCalls(t, srv)-heads < checks*channels {
+	for commandCount(t, srv, "cmdstat_hmget")-heads < checks*channels {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d heads read in %v, want %d checks of %d channels", hmgetCalls(t, srv)-heads, redisWait, checks, channels)
+			t.Fatalf("%d heads read in %v, want %d checks of %d channels", commandCount(t, srv, "cmdstat_hmget")-heads, redisWait, checks, channels)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	// every check reads 40 heads in one pipeline: at most one library
 	// call each, and one for a check under way
-	ran := (hmgetCalls(t, srv) - heads) / channels
+	ran := (commandCount(t, srv, "cmdstat_hmget") - heads) / channels
 	if n := fcallROCalls(t, srv) - reads; n > ran+1 {
 		t.Fatalf("%d library reads in %d checks of %d channels, want at most %d", n, ran, channels, ran+1)
 	}
@@ -63,8 +62,8 @@ func TestHeadOfMetaIsTheLibraryHead(t *testing.T) {
 
 // A channel's first sync delivers its newest event even where Redis lost
 // the library (FUNCTION FLUSH) but kept the history: the heads are read
-// without the library, so the newest events' reads are the first calls to
-// find it missing; one load serves the channels synced together.
+// without the library, and the one call of it that goes with them finds it
+// missing; one load serves the channels synced together.
 func TestRedisFirstSyncLoadsAFlushedLibrary(t *testing.T) {
 	srv := redistest.Start(t)
 	pub, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
@@ -90,13 +89,4 @@ func TestRedisFirstSyncLoadsAFlushedLibrary(t *testing.T) {
 	if loads := commandCalls(srv.MustCLI("INFO", "commandstats"), "cmdstat_function|load"); loads != "calls=1" {
 		t.Fatalf("FUNCTION LOAD: %s, want calls=1", loads)
 	}
-}
-
-// hmgetCalls is the number of HMGET calls Redis has run outside functions
-// and scripts (and inside them: the library's read calls it once).
-func hmgetCalls(t *testing.T, srv *redistest.Server) int {
-	t.Helper()
-	calls := commandCalls(srv.MustCLI("INFO", "commandstats"), "cmdstat_hmget")
-	n, _ := strconv.Atoi(strings.TrimPrefix(calls, "calls="))
-	return n
 }

@@ -131,13 +131,20 @@ func TestRedisNewStreamDoesNotWaitForARefusedSubscription(t *testing.T) {
 // fcallROCalls is the number of FCALL_RO calls Redis has run.
 func fcallROCalls(t *testing.T, srv *redistest.Server) int {
 	t.Helper()
-	calls := commandCalls(srv.MustCLI("INFO", "commandstats"), "cmdstat_fcall_ro")
-	n, err := strconv.Atoi(strings.TrimPrefix(calls, "calls="))
+	return commandCount(t, srv, "cmdstat_fcall_ro")
+}
+
+// commandCount is the number of calls of a command (its INFO commandstats
+// name) Redis has run, those of functions and scripts included; 0 if none.
+func commandCount(t *testing.T, srv *redistest.Server, stat string) int {
+	t.Helper()
+	calls := commandCalls(srv.MustCLI("INFO", "commandstats"), stat)
 	if calls == "" {
 		return 0
 	}
+	n, err := strconv.Atoi(strings.TrimPrefix(calls, "calls="))
 	if err != nil {
-		t.Fatalf("FCALL_RO calls: %q", calls)
+		t.Fatalf("%s: %q", stat, calls)
 	}
 	return n
 }
@@ -553,13 +560,7 @@ func TestRedisOwnPublishDoesNotWaitForABusyWatch(t *testing.T) {
 	rec := follow(t, srv, hub, broker, "busy")
 	wt := broker.watch.lookup(broker.Key("busy"))
 	wt.mu.RLock() // as a starting stream holds it
-	released := false
-	release := func() {
-		if !released {
-			released = true
-			wt.mu.RUnlock()
-		}
-	}
+	release := sync.OnceFunc(wt.mu.RUnlock)
 	t.Cleanup(release)
 	published := make(chan error, 1)
 	go func() {
