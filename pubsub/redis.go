@@ -312,24 +312,9 @@ func readArgs(limit int, after *replay.Position) []any {
 // call runs one of the library's functions on the primary of key, loading
 // the library there first if Redis says it is missing.
 func (b *Redis) call(ctx context.Context, key, function string, readOnly bool, args ...any) (any, error) {
-	if b.scriptsOnly.Load() {
-		reply, err := runScript(ctx, b.client, key, function, readOnly, args...)
-		return reply, b.classify(err)
-	}
-	reply, err := b.fcall(ctx, b.client, key, function, readOnly, args...)
-	if functionsForbidden(err) {
-		b.useScripts(err)
-		reply, err = runScript(ctx, b.client, key, function, readOnly, args...)
-	}
-	if isFunctionMissing(err) {
-		err = b.loadFunctions(ctx, key)
-		switch {
-		case functionsForbidden(err):
-			b.useScripts(err)
-			reply, err = runScript(ctx, b.client, key, function, readOnly, args...)
-		case err == nil:
-			reply, err = b.fcall(ctx, b.client, key, function, readOnly, args...)
-		}
+	reply, err := b.run(ctx, b.client, key, function, readOnly, args...)
+	if b.mended(err, func() error { return b.loadFunctions(ctx, key) }) {
+		reply, err = b.run(ctx, b.client, key, function, readOnly, args...)
 	}
 	if isFunctionMissing(err) && b.cluster != nil {
 		// redirected (ASK) to a primary importing the slot, whose load
@@ -342,26 +327,45 @@ func (b *Redis) call(ctx context.Context, key, function string, readOnly bool, a
 
 // callOn is call on one connection (for WAIT).
 func (b *Redis) callOn(ctx context.Context, conn *redis.Conn, node *redis.Client, key, function string, readOnly bool, args ...any) (any, error) {
-	if b.scriptsOnly.Load() {
-		reply, err := runScript(ctx, conn, key, function, readOnly, args...)
-		return reply, b.classify(err)
-	}
-	reply, err := b.fcall(ctx, conn, key, function, readOnly, args...)
-	if functionsForbidden(err) {
-		b.useScripts(err)
-		reply, err = runScript(ctx, conn, key, function, readOnly, args...)
-	}
-	if isFunctionMissing(err) {
-		err = b.loadOn(ctx, node)
-		switch {
-		case functionsForbidden(err):
-			b.useScripts(err)
-			reply, err = runScript(ctx, conn, key, function, readOnly, args...)
-		case err == nil:
-			reply, err = b.fcall(ctx, conn, key, function, readOnly, args...)
-		}
+	reply, err := b.run(ctx, conn, key, function, readOnly, args...)
+	if b.mended(err, func() error { return b.loadOn(ctx, node) }) {
+		reply, err = b.run(ctx, conn, key, function, readOnly, args...)
 	}
 	return reply, b.classify(err)
+}
+
+// run calls a function of the library through c, or runs its script form
+// once Redis has refused functions (useScripts).
+func (b *Redis) run(ctx context.Context, c scriptCaller, key, function string, readOnly bool, args ...any) (any, error) {
+	if b.scriptsOnly.Load() {
+		return runScript(ctx, c, key, function, readOnly, args...)
+	}
+	return b.fcall(ctx, c, key, function, readOnly, args...)
+}
+
+// mended reports whether a call of the library that failed with err may be
+// sent again: Redis forbids functions (the broker runs scripts from now
+// on), or did not have the library and load has loaded it. Single calls
+// (call, callOn) and pipelines (libraryMended) come here.
+func (b *Redis) mended(err error, load func() error) bool {
+	switch {
+	case functionsForbidden(err):
+		b.useScripts(err)
+		return true
+	case isFunctionMissing(err):
+		lerr := load()
+		if functionsForbidden(lerr) {
+			b.useScripts(lerr)
+		}
+		return lerr == nil || functionsForbidden(lerr)
+	}
+	return false
+}
+
+// scriptCaller is what calls go through: a client or one connection.
+type scriptCaller interface {
+	fcaller
+	redis.Scripter
 }
 
 type fcaller interface {

@@ -232,16 +232,8 @@ func (s *shard) readNewest(ctx context.Context, c redis.UniversalClient, heads [
 // without it) and the first syncs' reads of newest events come here.
 func (b *Redis) libraryMended(ctx context.Context, key string, cmds []*redis.Cmd) bool {
 	for _, cmd := range cmds {
-		switch err := cmd.Err(); {
-		case functionsForbidden(err):
-			b.useScripts(err)
-			return true
-		case isFunctionMissing(err):
-			lerr := b.loadFunctions(ctx, key)
-			if functionsForbidden(lerr) {
-				b.useScripts(lerr)
-			}
-			return lerr == nil || functionsForbidden(lerr)
+		if err := cmd.Err(); functionsForbidden(err) || isFunctionMissing(err) {
+			return b.mended(err, func() error { return b.loadFunctions(ctx, key) })
 		}
 	}
 	return false
