@@ -17,6 +17,9 @@ type errorBody struct {
 	Detail   string            `json:"detail,omitempty"`
 	Channels []string          `json:"channels,omitempty"`
 	IDs      map[string]string `json:"ids,omitempty"`
+	// IdempotencyKey, on a failed publish sent without one, is the key
+	// under which its retry publishes nothing twice (publish_retry.go).
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
 }
 
 // writeJSON writes a JSON response; a HEAD gets the same status and headers

@@ -40,8 +40,7 @@ func (h *Handler) publish(w http.ResponseWriter, r *http.Request) error {
 	}
 	key := r.Header.Get("Idempotency-Key")
 	if key == "" {
-		reply, failure := h.publishAll(r.Context(), req, "")
-		return h.answerPublish(w, r, reply, failure)
+		return h.publishUnkeyed(w, r, req)
 	}
 	if len(key) > maxIdempotencyKeyLen {
 		return h.reject(w, r, &rejection{status: http.StatusBadRequest, code: "idempotency_key_invalid", detail: "Idempotency-Key is longer than 255 bytes"}, 0)
@@ -55,7 +54,7 @@ func (h *Handler) publishOnce(w http.ResponseWriter, r *http.Request, key string
 	var failure *errorBody
 	fingerprint := req.fingerprint()
 	body, replayed, err := h.hub.Idempotency().Do(r.Context(), h.Namespace+"\x00"+key, fingerprint, func() ([]byte, error) {
-		reply, f := h.publishAll(r.Context(), req, onceToken(h.Namespace, key, fingerprint))
+		reply, f := h.publishAll(r.Context(), req, pubsub.Message{Once: onceToken(h.Namespace, key, fingerprint)})
 		if f != nil {
 			failure = f
 			return nil, errors.New(f.Error)
@@ -99,13 +98,13 @@ func (h *Handler) authorized(r *http.Request) bool {
 	return subtle.ConstantTimeCompare(given[:], h.secret) == 1
 }
 
-// publishAll publishes the event to every channel, one after the other: a
-// publish to several channels is not atomic across them, so a failure
-// names the channels that were not published (and the ids of those that
-// were).
-func (h *Handler) publishAll(ctx context.Context, req *publishRequest, once string) (*publishReply, *errorBody) {
+// publishAll publishes the event to every channel, one after the other,
+// with the tokens (Once, Token) of tokens: a publish to several channels is
+// not atomic across them, so a failure names the channels whose publish
+// failed (and the ids of those that were published).
+func (h *Handler) publishAll(ctx context.Context, req *publishRequest, tokens pubsub.Message) (*publishReply, *errorBody) {
 	reply := &publishReply{IDs: make(map[string]string, len(req.channels))}
-	msg := pubsub.Message{Type: req.event, Data: req.data, Once: once}
+	msg := pubsub.Message{Type: req.event, Data: req.data, Once: tokens.Once, Token: tokens.Token}
 	if h.Fallback == fallbackLocal {
 		ctx = pubsub.WithFallbackLocal(ctx)
 	}

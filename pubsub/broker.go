@@ -25,6 +25,14 @@ type Message struct {
 	// keeps it (Redis: as long as an Idempotency-Key, IdempotencyTTL). The
 	// embedded broker, whose publishes cannot fail halfway, ignores it.
 	Once string
+	// Token, for a message without Once, is the token its calls carry
+	// (random if empty): a publish with Once equal to it, while the broker
+	// keeps it (Redis: publishOnceTTL, at least 30 s), returns its position
+	// instead of publishing again. A caller that offers the retry of a
+	// failed request under a key it made up derives it from that key, so
+	// the retry publishes nothing twice, even where the failed call reached
+	// Redis and its answer was lost.
+	Token string
 }
 
 // DeliverFunc receives every event of a channel that this instance watches,

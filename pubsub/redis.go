@@ -127,9 +127,12 @@ func (b *Redis) Publish(ctx context.Context, channel string, msg Message, lim re
 	// and a stalled Redis runs every copy it finds in its sockets once it
 	// resumes: the token, the same in every copy, makes them one publish
 	token, ttl := msg.Once, b.opts.publishOnceTTL()
-	if token == "" {
+	switch {
+	case token == "" && msg.Token != "":
+		token = msg.Token
+	case token == "":
 		token = publishToken()
-	} else {
+	default:
 		// a keyed request's retry may come as long as its key is kept
 		ttl = max(ttl, IdempotencyTTL)
 	}

@@ -897,3 +897,39 @@ func TestRedisQuietChannelKeepsItsEpochWhenItsStreamExpires(t *testing.T) {
 		t.Fatalf("a stream lost with a young event kept its epoch: %+v after %+v", third, second)
 	}
 }
+
+// A publish with a Token and a later one with that token as Once (the
+// retry of a failed request under the key it was offered) are one event:
+// the retry gets the first one's position, and the first one's own
+// instance delivered it once.
+func TestRedisPublishTokenMakesTheRetryUnderItOne(t *testing.T) {
+	srv := redistest.Start(t)
+	hub, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	rec := newRecorder()
+	sub := hub.Subscribe(rec, []string{"u"})
+	defer sub.Close()
+	srv.WaitShardSubscribers(t, "sse:{u}", 1)
+
+	const token = "0123456789abcdef0123456789abcdef"
+	first, err := hub.Publish(context.Background(), "u", Message{Type: "t", Data: []byte("x"), Token: token}, testLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	retry, err := hub.Publish(context.Background(), "u", Message{Type: "t", Data: []byte("x"), Once: token}, testLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if retry != first {
+		t.Fatalf("the retry under the token got %+v, the first publish %+v", retry, first)
+	}
+	if n := srv.MustCLI("XLEN", "sse:{u}:s"); n != "1" {
+		t.Fatalf("the history holds %s events, want 1", n)
+	}
+	if ttl := srv.MustCLI("PTTL", "sse:{u}:p:"+token); ttl == "-2" || ttl == "-1" {
+		t.Fatalf("the token's key has PTTL %s, want a TTL", ttl)
+	}
+	publishTo(t, hub, "u", "after")
+	if got := rec.waitFor(t, 2); got[0].ev.Pos != first || !strings.Contains(string(got[1].ev.Frame), "data: after\n") {
+		t.Fatalf("delivered %+v", got)
+	}
+}
