@@ -620,9 +620,11 @@ func redisBlockSite(settings string, extra ...string) string {
 `
 }
 
-// publishWhileRefused publishes until Redis takes the event (a publish
-// refused with 503 was not published), within the test deadline, and
-// returns the ids of the reply.
+// publishWhileRefused publishes until Redis takes the event, within the
+// test deadline, and returns the ids of the reply. Tests call it while
+// Redis is down or refuses the call: a 503 then published nothing (one
+// whose call reached Redis may have: TestRedisFailedPublishIsRetriedOnce-
+// UnderItsOfferedKey).
 func (s *testServer) publishWhileRefused(channel, data string) map[string]string {
 	s.t.Helper()
 	deadline := time.Now().Add(waitFor)
