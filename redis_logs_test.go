@@ -28,9 +28,7 @@ func TestRedisHubLogsWhereTheRunningConfigSays(t *testing.T) {
 	c := srv.subscribe("/events?channels=a", nil)
 	c.comment("ok")
 	srv.reload(site, sseLog(second))
-	c = srv.subscribe("/events?channels=a", nil)
-	c.comment("ok")
-	rds.WaitShardSubscribers(t, "sse:{a}", 1)
+	openCountedStream(t, srv, rds, "a", nil)
 	rds.Kill()
 	eventually(t, "the running config's log to say redis is unreachable", func() bool {
 		b, _ := os.ReadFile(second)
