@@ -40,6 +40,12 @@ SPAWN_SCALEOUT = -spawn-redis $(BENCH_REDIS_SERVER) \
 	-spawn "SSEBENCH_PORT=9280 SSEBENCH_PORT2=9281 SSEBENCH_ADMIN=9219 $(BENCH_CADDY) run --config $(BENCH_REDIS_CONFIG)" \
 	-admin 127.0.0.1:9019,127.0.0.1:9119,127.0.0.1:9219 -out $(BENCH_OUT) $(BENCH_QUIET) $(BENCH_FLAGS)
 
+# two Caddy processes on one spawned Redis, for bench-redis-chaos
+SPAWN_CHAOS = -spawn-redis $(BENCH_REDIS_SERVER) \
+	-spawn "SSEBENCH_PORT=9080 SSEBENCH_PORT2=9081 SSEBENCH_ADMIN=9019 $(BENCH_CADDY) run --config $(BENCH_REDIS_CONFIG)" \
+	-spawn "SSEBENCH_PORT=9180 SSEBENCH_PORT2=9181 SSEBENCH_ADMIN=9119 $(BENCH_CADDY) run --config $(BENCH_REDIS_CONFIG)" \
+	-admin 127.0.0.1:9019,127.0.0.1:9119 -out $(BENCH_OUT) $(BENCH_QUIET) $(BENCH_FLAGS)
+
 ## test: the whole suite with the race detector, then the in-process and
 ## built-binary tests again with the takeover writer (every test passes with
 ## either writer). This is the README's test command; .ci/run runs it.
@@ -54,7 +60,7 @@ test:
 	bench-reconnect bench-scaleout bench-idle-tls bench-idle-h2 bench-floor bench-profile-fanout bench-profile-fanout20 \
 	bench-profile-idle bench-profile-churn bench-redis bench-redis-idle bench-redis-fanout bench-redis-fanout20 \
 	bench-redis-spread bench-redis-spread-direct bench-redis-ramp bench-redis-reconnect \
-	bench-redis-fanout-direct
+	bench-redis-fanout-direct bench-redis-chaos
 
 ## bench: every scenario of the performance issue (about 8 minutes on a quiet machine)
 bench: bench-idle bench-fanout bench-fanout20 bench-fanout30 bench-spread bench-ramp bench-churn bench-reconnect bench-scaleout
@@ -128,6 +134,15 @@ bench-redis-ramp: bench-build
 
 bench-redis-reconnect: bench-build
 	$(SSEBENCH) reconnect -url $(BENCH_URL) -conns $(BENCH_CONNS) -events 100 -rate 20 -config $(BENCH_REDIS_CONFIG) -close-jitter 5s $(SPAWN_REDIS)
+
+## redis-chaos: faults while publishing (not a performance figure): two Caddy processes on a spawned Redis,
+## 2000 streams over 20 channels, 20 events/s for 150 s; every 8 s in turn Redis is killed (its append-only file
+## synced at every write) and started again 2 s later, frozen for 2 s, or one Caddy reloaded. Every accepted event
+## must arrive once and in order; a 503 is retried under the idempotency_key it offers
+bench-redis-chaos: bench-build
+	$(SSEBENCH) scaleout -url http://127.0.0.1:9080/events,http://127.0.0.1:9180/events -conns 2000 -procs 2 -channels 20 \
+		-rate 20 -duration 150s -drain 60s -chaos kill-redis,stop-redis,reload -chaos-every 8s -chaos-down 2s \
+		-config $(BENCH_REDIS_CONFIG) $(SPAWN_CHAOS)
 
 ## redis-fanout-direct: bench-redis-fanout with the events published straight into Redis (FCALL sse_publish_v1, as a
 ## backend would) instead of through Caddy's HTTP endpoint

@@ -100,6 +100,10 @@ type config struct {
 	redisPrefix  string
 	redisHistory int
 
+	chaos      string // faults while publishing (chaos.go)
+	chaosEvery time.Duration
+	chaosDown  time.Duration
+
 	procs  int // subscriber processes (fanout, spread, scaleout)
 	idBase int // subscribe-worker: the first client id
 
@@ -175,6 +179,9 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.publishAs, "publish-as", "caddy-sse", "the publish API of the server measured: caddy-sse (its JSON POST), or another SSE server's for a side-by-side run: "+strings.Join(rivals, ", ")+" (see docs/PERFORMANCE.md; -url is then that server's subscribe URL with {ch}, -publish-url its publish URL, -secret its publisher key)")
 	fs.StringVar(&c.redisPrefix, "redis-prefix", "sse:", "-publish-redis: the module's key prefix")
 	fs.IntVar(&c.redisHistory, "redis-history", 1000, "-publish-redis: events kept per channel (the Caddyfile's history)")
+	fs.StringVar(&c.chaos, "chaos", "", "fanout, spread, scaleout: faults while publishing, taken in turn every -chaos-every (comma-separated): "+strings.Join(chaosActions, ", ")+"; kill-redis and stop-redis touch only the -spawn-redis Redis (which then syncs its append-only file at every write), reload POSTs -config to each -admin in turn; 503s that offer an idempotency_key are retried under it")
+	fs.DurationVar(&c.chaosEvery, "chaos-every", 20*time.Second, "-chaos: time between faults")
+	fs.DurationVar(&c.chaosDown, "chaos-down", 2*time.Second, "-chaos: how long a killed Redis stays down, or a stopped one frozen")
 	fs.IntVar(&c.procs, "procs", 0, "fanout, spread, scaleout: open the streams from this many child processes (each holds its share; process i uses URL i mod the URL count) while this one only publishes and merges; for more streams than one process may open files")
 	fs.StringVar(&c.configPath, "config", "", "reconnect: config POSTed to the admin /load (a Caddyfile, or JSON if it ends in .json)")
 	fs.StringVar(&c.reloadCmd, "reload-cmd", "", "reconnect: run this command line instead of POSTing to /load")
@@ -309,7 +316,7 @@ func (c *config) defaults() error {
 	case c.publishRedis != "" && (c.redisHistory < 1 || c.redisPrefix == ""):
 		return fmt.Errorf("-publish-redis needs -redis-history ≥ 1 and a -redis-prefix")
 	}
-	return nil
+	return c.checkChaos()
 }
 
 // phase is the current phase, for the watchdog's report.

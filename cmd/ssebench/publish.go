@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -95,10 +96,27 @@ func (p *httpPublisher) publish(ctx context.Context, channel, event string, data
 	defer resp.Body.Close()
 	reply, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("publish: status %d %s", resp.StatusCode, bytes.TrimSpace(reply))
+		err := fmt.Errorf("publish: status %d %s", resp.StatusCode, bytes.TrimSpace(reply))
+		var failure struct {
+			Key string `json:"idempotency_key"`
+		}
+		if json.Unmarshal(reply, &failure) == nil && failure.Key != "" {
+			return &failedPublish{err: err, key: failure.Key}
+		}
+		return err
 	}
 	return nil
 }
+
+// failedPublish is a 503 that offers the key to retry the publish under
+// (idempotency_key).
+type failedPublish struct {
+	err error
+	key string
+}
+
+func (f *failedPublish) Error() string      { return f.err.Error() }
+func (f *failedPublish) offeredKey() string { return f.key }
 
 func (p *httpPublisher) close() { p.tr.CloseIdleConnections() }
 
@@ -119,7 +137,11 @@ type pubPlan struct {
 	event    string
 	pad      int
 	idem     bool // Idempotency-Key per event, retried on errors
-	retries  int
+	// retryOffered: a failed publish without a key is retried under the
+	// key its 503 offers (idempotency_key), every retryWait
+	retryOffered bool
+	retryWait    time.Duration
+	retries      int
 	// seqBase is the last sequence number already used per channel (by an
 	// earlier plan on the same channels).
 	seqBase []int64
@@ -206,13 +228,16 @@ func runPublish(ctx context.Context, pub publisher, plan pubPlan) *pubResult {
 					res.mu.Lock()
 					res.rtt.Record(time.Since(began).Nanoseconds())
 					if err != nil {
-						res.errs[err.Error()]++
+						res.errs[errKind(err)]++
 					}
 					res.mu.Unlock()
-					if err == nil || !plan.idem {
+					if key == "" && plan.retryOffered {
+						key = offeredKey(err)
+					}
+					if err == nil || key == "" || !(plan.idem || plan.retryOffered) {
 						break
 					}
-					time.Sleep(50 * time.Millisecond)
+					time.Sleep(cmp.Or(plan.retryWait, 50*time.Millisecond))
 				}
 				if err != nil {
 					res.failed.Add(1)

@@ -35,6 +35,7 @@ type result struct {
 	Conn      *connSummary      `json:"connections,omitempty"`
 	Box       *boxSummary       `json:"box,omitempty"`
 	Errors    map[string]int64  `json:"errors,omitempty"`
+	Chaos     []chaosEvent      `json:"chaos,omitempty"`
 	Notes     []string          `json:"notes,omitempty"`
 }
 

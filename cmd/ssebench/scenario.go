@@ -99,7 +99,10 @@ type runner struct {
 	pids      []int // every spawned server
 	redisURL  string
 	redisDir  string
-	redisOpts *redis.Options // -publish-redis
+	redisCmd  []string // the spawned Redis' command line, to start it again (-chaos kill-redis)
+	// redisKilled: -chaos killed the spawned Redis; its figures span two processes
+	redisKilled bool
+	redisOpts   *redis.Options // -publish-redis
 
 	serverLogPaths []string
 	redisLogPath   string
@@ -418,7 +421,9 @@ func (r *runner) serverSummary(base, before, after procSample, secs float64, del
 			s.Processes = append(s.Processes, procDelta(r.pids[i], base.per[i], before.per[i], a, secs))
 		}
 	}
-	if after.redis != nil && before.redis != nil && base.redis != nil {
+	if r.redisKilled {
+		r.note("no Redis figures: -chaos killed and restarted it (two processes)")
+	} else if after.redis != nil && before.redis != nil && base.redis != nil {
 		r.mu.Lock()
 		rds := r.redis
 		r.mu.Unlock()

@@ -83,7 +83,17 @@ func (r *runner) deliver(ss streamSet) error {
 		event:    cfg.eventType,
 		pad:      cfg.pad,
 	}
+	if cfg.chaos != "" {
+		plan.retryOffered, plan.retries, plan.retryWait = true, chaosRetries, chaosRetryWait
+	}
+	stopChaos := r.startChaos(ctx)
 	pres := runPublish(ctx, pub, plan)
+	r.res.Chaos = stopChaos()
+	for _, c := range r.res.Chaos {
+		if c.Error != "" {
+			return fmt.Errorf("chaos at %.1fs: %s: %s", c.AtS, c.Action, c.Error)
+		}
+	}
 	recvEnd, err := ss.received()
 	if err != nil {
 		return err

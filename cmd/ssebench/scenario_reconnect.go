@@ -187,6 +187,11 @@ func (r *runner) reconnectStorm() error {
 // (forced with Cache-Control: must-revalidate, as `caddy reload --force`),
 // or run -reload-cmd.
 func (r *runner) reload(ctx context.Context) error {
+	return r.reloadAt(ctx, r.cfg.admin)
+}
+
+// reloadAt is reload through the admin endpoint admin.
+func (r *runner) reloadAt(ctx context.Context, admin string) error {
 	cfg := r.cfg
 	ctx, cancel := context.WithTimeout(ctx, cfg.reloadTimeout)
 	defer cancel()
@@ -202,7 +207,7 @@ func (r *runner) reload(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+cfg.admin+"/load", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+admin+"/load", bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
@@ -212,7 +217,7 @@ func (r *runner) reload(ctx context.Context) error {
 	}
 	req.Header.Set("Content-Type", ct)
 	req.Header.Set("Cache-Control", "must-revalidate")
-	resp, err := adminDo(cfg.admin, req)
+	resp, err := adminDo(admin, req)
 	if err != nil {
 		return err
 	}

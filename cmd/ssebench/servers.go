@@ -313,7 +313,8 @@ func freePort() (int, error) {
 }
 
 // spawnRedisServer starts a private redis-server on 127.0.0.1 without
-// persistence and waits until it answers PING.
+// persistence (with an append-only file synced at every write if -chaos
+// kills it) and waits until it answers PING.
 func (r *runner) spawnRedisServer() error {
 	cfg := r.cfg
 	setPhase("spawn-redis")
@@ -335,13 +336,25 @@ func (r *runner) spawnRedisServer() error {
 		return err
 	}
 	r.redisDir = dir
-	logf, err := os.CreateTemp("", "ssebench-redis-*.log")
+	aof := []string{"--appendonly", "no"}
+	if strings.Contains(cfg.chaos, "kill-redis") {
+		aof = []string{"--appendonly", "yes", "--appendfsync", "always"}
+	}
+	r.redisCmd = append([]string{bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--protected-mode", "no",
+		"--daemonize", "no", "--dir", dir, "--logfile", ""}, aof...)
+	r.redisURL = "redis://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	return r.startRedis()
+}
+
+// startRedis starts the spawned Redis' command line (again, after -chaos
+// killed it) and waits until it answers PING.
+func (r *runner) startRedis() error {
+	logf, err := os.OpenFile(r.redisLogPathOrNew(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
 	defer logf.Close()
-	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--protected-mode", "no", "--daemonize", "no", "--dir", dir, "--logfile", "")
+	cmd := exec.Command(r.redisCmd[0], r.redisCmd[1:]...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	p, err := startProc("redis", cmd, logf.Name())
 	if err != nil {
@@ -351,10 +364,10 @@ func (r *runner) spawnRedisServer() error {
 	r.redis = p
 	r.mu.Unlock()
 	r.redisLogPath = p.log
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	addr := strings.TrimPrefix(r.redisURL, "redis://")
 	rdb := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: time.Second, ReadTimeout: time.Second, MaxRetries: -1, PoolSize: 1})
 	defer rdb.Close()
-	deadline := time.Now().Add(cfg.spawnWait)
+	deadline := time.Now().Add(r.cfg.spawnWait)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		err := rdb.Ping(ctx).Err()
@@ -366,12 +379,25 @@ func (r *runner) spawnRedisServer() error {
 			return fmt.Errorf("-spawn-redis: redis-server exited (log: %s)", p.log)
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("-spawn-redis: no PONG from %s after %s: %v (log: %s)", addr, cfg.spawnWait, err, p.log)
+			return fmt.Errorf("-spawn-redis: no PONG from %s after %s: %v (log: %s)", addr, r.cfg.spawnWait, err, p.log)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	r.redisURL = "redis://" + addr
 	return nil
+}
+
+// redisLogPathOrNew is the spawned Redis' log file: the one it had, or a
+// new temporary file.
+func (r *runner) redisLogPathOrNew() string {
+	if r.redisLogPath != "" {
+		return r.redisLogPath
+	}
+	f, err := os.CreateTemp("", "ssebench-redis-*.log")
+	if err != nil {
+		return os.DevNull
+	}
+	f.Close()
+	return f.Name()
 }
 
 // stopServer stops what this run started, each by its pid: the subscriber

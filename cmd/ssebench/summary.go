@@ -100,6 +100,16 @@ func (r *runner) printSummary() {
 	for _, e := range sortedErrs(res.Errors) {
 		fmt.Fprintf(w, "error:     %s ×%d\n", e, res.Errors[e])
 	}
+	for _, c := range res.Chaos {
+		fmt.Fprintf(w, "chaos:     at %.1fs %s %s", c.AtS, c.Action, c.Target)
+		if c.DownS > 0 {
+			fmt.Fprintf(w, "(%.1fs)", c.DownS)
+		}
+		if c.Error != "" {
+			fmt.Fprintf(w, " FAILED: %s", c.Error)
+		}
+		fmt.Fprintln(w)
+	}
 	for _, n := range res.Notes {
 		fmt.Fprintf(w, "note:      %s\n", n)
 	}

@@ -1,0 +1,73 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// offeringPublisher answers the first publish of seq 2 with a 503 that
+// offers a key, and takes it only under that key: a chaos plan retries
+// it under the key, and counts it once, as accepted.
+type offeringPublisher struct {
+	mu   sync.Mutex
+	keys []string // the key of every call
+}
+
+func (p *offeringPublisher) publish(_ context.Context, _, _ string, data []byte, key string) error {
+	ev, _ := parseBenchData(data)
+	p.mu.Lock()
+	p.keys = append(p.keys, key)
+	p.mu.Unlock()
+	if ev.seq == 2 && key != "sse-retry-x" {
+		return &failedPublish{err: errors.New(`publish: status 503 {"idempotency_key":"sse-retry-x"}`), key: "sse-retry-x"}
+	}
+	return nil
+}
+func (*offeringPublisher) close() {}
+
+func TestChaosPlanRetriesUnderTheOfferedKey(t *testing.T) {
+	for _, retry := range []bool{false, true} {
+		p := &offeringPublisher{}
+		pres := runPublish(context.Background(), p, pubPlan{
+			channels: []string{"bench0"}, count: 3, chanOf: func(int) int { return 0 }, workers: 1, ordered: true, event: "tick",
+			retryOffered: retry, retries: chaosRetries, retryWait: 1,
+		})
+		wantOK, wantFailed, wantKeys := int64(2), int64(1), "||"
+		if retry {
+			wantOK, wantFailed, wantKeys = 3, 0, "||sse-retry-x|"
+		}
+		if pres.ok.Load() != wantOK || pres.failed.Load() != wantFailed || strings.Join(p.keys, "|") != wantKeys {
+			t.Fatalf("retryOffered %v: ok %d failed %d, keys %q", retry, pres.ok.Load(), pres.failed.Load(), p.keys)
+		}
+		if retry && !pres.accepted[0].has(2) {
+			t.Fatal("the retried publish is not counted as accepted")
+		}
+		for e := range pres.errs {
+			if strings.Contains(e, "sse-retry-x") {
+				t.Fatalf("the error count keeps the offered key: %q", e)
+			}
+		}
+	}
+}
+
+func TestChaosFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		err  string
+	}{
+		{[]string{"fanout", "-chaos", "kill-redis,reload", "-spawn-redis", "redis-server", "-config", "c", "-admin", "127.0.0.1:1"}, ""},
+		{[]string{"fanout", "-chaos", "explode"}, "unknown action"},
+		{[]string{"idle", "-chaos", "reload", "-config", "c", "-admin", "127.0.0.1:1"}, "only fanout"},
+		{[]string{"fanout", "-chaos", "kill-redis"}, "need -spawn-redis"},
+		{[]string{"fanout", "-chaos", "stop-redis", "-spawn-redis", "redis-server", "-chaos-every", "1s", "-chaos-down", "2s"}, "must be longer"},
+		{[]string{"fanout", "-chaos", "reload"}, "needs -config and -admin"},
+	} {
+		_, err := parseArgs(tc.args)
+		if (tc.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("%q: %v, want %q", tc.args, err, tc.err)
+		}
+	}
+}
