@@ -217,3 +217,15 @@ func BenchmarkStreamWakeUp(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPublishRetryKey is what a publish without an Idempotency-Key
+// through a Redis hub pays for the key its 503 may offer
+// (publish_retry.go): a random key, the request's fingerprint and the
+// token derived from them, for a 100-byte event.
+func BenchmarkPublishRetryKey(b *testing.B) {
+	req := &publishRequest{channels: []string{"orders"}, event: "invoice", data: make([]byte, 100)}
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = onceToken("ns", newRetryKey(), req.fingerprint())
+	}
+}
