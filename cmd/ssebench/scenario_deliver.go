@@ -161,8 +161,14 @@ func (r *runner) deliver(ss streamSet) error {
 	if !drained {
 		problems = append(problems, fmt.Sprintf("%d of %d deliveries missing after the %s drain limit", t.lost, t.expected, cfg.drain))
 	}
-	if pres.failed.Load() > 0 {
-		problems = append(problems, fmt.Sprintf("%d publishes failed", pres.failed.Load()))
+	switch n := pres.failed.Load(); {
+	case n > 0 && cfg.chaos != "":
+		// a fault may refuse a publish (a reload resets a connection
+		// that reached the old socket): what it costs is counted, but
+		// only losses, duplicates and reorders fail a chaos run
+		r.note(fmt.Sprintf("%d publishes failed under -chaos (not accepted, so not expected; a delivered one counts as extra)", n))
+	case n > 0:
+		problems = append(problems, fmt.Sprintf("%d publishes failed", n))
 	}
 	problems = append(problems, deliveryFaults(d, cfg.ordered, cfg.publishAs == "caddy-sse")...)
 	if len(problems) > 0 {
