@@ -136,12 +136,13 @@ bench-redis-reconnect: bench-build
 	$(SSEBENCH) reconnect -url $(BENCH_URL) -conns $(BENCH_CONNS) -events 100 -rate 20 -config $(BENCH_REDIS_CONFIG) -close-jitter 5s $(SPAWN_REDIS)
 
 ## redis-chaos: faults while publishing (not a performance figure): two Caddy processes on a spawned Redis,
-## 2000 streams over 20 channels, 20 events/s for 150 s; every 8 s in turn Redis is killed (its append-only file
-## synced at every write) and started again 2 s later, frozen for 2 s, or one Caddy reloaded. Every accepted event
-## must arrive once and in order; a 503 is retried under the idempotency_key it offers
+## 2000 streams over 20 channels, 20 events/s for 150 s through the first; every 8 s in turn Redis is killed (its
+## append-only file synced at every write) and started again 2 s later, frozen for 2 s, one Caddy reloaded, or the
+## second Caddy killed and started again 2 s later. Every accepted event must arrive once and in order; a 503 is
+## retried under the idempotency_key it offers
 bench-redis-chaos: bench-build
 	$(SSEBENCH) scaleout -url http://127.0.0.1:9080/events,http://127.0.0.1:9180/events -conns 2000 -procs 2 -channels 20 \
-		-rate 20 -duration 150s -drain 60s -chaos kill-redis,stop-redis,reload -chaos-every 8s -chaos-down 2s \
+		-rate 20 -duration 150s -drain 60s -chaos kill-redis,stop-redis,reload,kill-server -chaos-every 8s -chaos-down 2s \
 		-config $(BENCH_REDIS_CONFIG) $(SPAWN_CHAOS)
 
 ## redis-fanout-direct: bench-redis-fanout with the events published straight into Redis (FCALL sse_publish_v1, as a

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"syscall"
@@ -15,15 +16,17 @@ import (
 // it again on the same port after -chaos-down, with its append-only file
 // synced at every write (so an acknowledged event survives: a loss is then
 // the server's, not Redis'); stop-redis freezes it (SIGSTOP) for
-// -chaos-down; reload POSTs -config to each server's admin in turn. Only the
-// Redis this run started is touched, by its pid. Publishes answered 503
+// -chaos-down; reload POSTs -config to each server's admin in turn;
+// kill-server kills the last -spawn server (SIGKILL: no server_closing, its
+// streams just break) and starts it again after -chaos-down. Only processes
+// this run started are touched, by their pids. Publishes answered 503
 // with an offered idempotency_key are retried under it (up to
 // chaosRetries × chaosRetryWait, within the 30 s Redis keeps a publish's
 // token), so a publish that reached Redis and lost its answer is counted
 // once, and the delivery check (lost, duplicated, out of order) covers it.
 
 // chaosActions are the actions -chaos may name.
-var chaosActions = []string{"kill-redis", "stop-redis", "reload"}
+var chaosActions = []string{"kill-redis", "stop-redis", "reload", "kill-server"}
 
 const (
 	chaosRetries   = 250
@@ -71,6 +74,8 @@ func (c *config) checkChaos() error {
 		return fmt.Errorf("-chaos kill-redis and stop-redis need -spawn-redis (only the Redis this run started is touched)")
 	case slices.Contains(actions, "reload") && (c.configPath == "" || c.admin == ""):
 		return fmt.Errorf("-chaos reload needs -config and -admin")
+	case slices.Contains(actions, "kill-server") && len(c.spawns) == 0:
+		return fmt.Errorf("-chaos kill-server needs -spawn (only a server this run started is touched)")
 	}
 	return nil
 }
@@ -129,6 +134,9 @@ func (r *runner) chaosAct(ctx context.Context, ev *chaosEvent) {
 		ev.DownS = round3(down.Seconds())
 	case "reload":
 		err = r.reloadAt(ctx, ev.Target)
+	case "kill-server":
+		ev.Target, err = r.killServer(down)
+		ev.DownS = round3(down.Seconds())
 	}
 	if err != nil {
 		ev.Error = err.Error()
@@ -161,6 +169,43 @@ func (r *runner) killRedis(down time.Duration) error {
 	r.redisKilled = true
 	time.Sleep(down)
 	return r.startRedis()
+}
+
+// killServer kills the last spawned server (the one not published
+// through, when there are several), waits down, starts it again and waits
+// until it listens; it returns the server's name.
+func (r *runner) killServer(down time.Duration) (string, error) {
+	r.mu.Lock()
+	i := len(r.servers) - 1
+	old := r.servers[i]
+	r.pids[i] = 0 // sample reads it no more
+	r.mu.Unlock()
+	_ = old.cmd.Process.Kill()
+	if len(waitExited([]*proc{old}, 5*time.Second)) > 0 {
+		return old.name, fmt.Errorf("pid %d did not exit", old.pid())
+	}
+	r.serverKilled = true
+	time.Sleep(down)
+	logf, err := os.OpenFile(old.log, os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return old.name, err
+	}
+	p, err := r.startServer(i, logf)
+	if err != nil {
+		return old.name, err
+	}
+	r.mu.Lock()
+	r.servers[i] = p
+	r.pids[i] = p.pid()
+	r.mu.Unlock()
+	deadline := time.Now().Add(r.cfg.spawnWait)
+	for !treeListens(p.pid()) {
+		if p.exited() || time.Now().After(deadline) {
+			return old.name, fmt.Errorf("restarted, but not listening (log: %s)", p.log)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return old.name, nil
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {

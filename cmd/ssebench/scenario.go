@@ -102,7 +102,10 @@ type runner struct {
 	redisCmd  []string // the spawned Redis' command line, to start it again (-chaos kill-redis)
 	// redisKilled: -chaos killed the spawned Redis; its figures span two processes
 	redisKilled bool
-	redisOpts   *redis.Options // -publish-redis
+	// serverKilled: -chaos killed a spawned server; the servers' figures
+	// would mix processes
+	serverKilled bool
+	redisOpts    *redis.Options // -publish-redis
 
 	serverLogPaths []string
 	redisLogPath   string
@@ -341,14 +344,14 @@ func (r *runner) setup() error {
 // sample reads the server (the sum over several spawned servers, each in
 // per) and the spawned Redis (in redis).
 func (r *runner) sample() (procSample, bool) {
-	pids := r.pids
+	var sum procSample
+	r.mu.Lock()
+	pids := slices.Clone(r.pids) // -chaos kill-server replaces one
+	rds := r.redis
+	r.mu.Unlock()
 	if len(pids) == 0 && r.pid != 0 {
 		pids = []int{r.pid}
 	}
-	var sum procSample
-	r.mu.Lock()
-	rds := r.redis
-	r.mu.Unlock()
 	if rds != nil {
 		if s, err := readProc(rds.pid()); err == nil {
 			sum.redis = &s
@@ -358,6 +361,9 @@ func (r *runner) sample() (procSample, bool) {
 		return sum, false
 	}
 	for _, pid := range pids {
+		if pid == 0 {
+			return sum, false // killed by -chaos, not started again yet
+		}
 		s, err := readProcTree(pid)
 		if err != nil {
 			r.note(fmt.Sprintf("reading /proc/%d: %v", pid, err))

@@ -150,7 +150,10 @@ func (r *runner) deliver(ss streamSet) error {
 	r.res.Delivery = d
 	r.res.Latency = tot.lat.Summary()
 	r.res.Publish = pres.summary()
-	if haveServer {
+	switch {
+	case r.serverKilled:
+		r.note("no server figures: -chaos killed and restarted a server")
+	case haveServer:
 		r.res.Server = r.serverSummary(base, before, after, window, recvAll)
 	}
 	r.res.Client = r.clientSummary(cpu0, cpu1, window, recvAll)

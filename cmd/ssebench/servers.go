@@ -108,6 +108,28 @@ func (r *runner) spawnLogFile(i int) (*os.File, error) {
 	return os.Create(path)
 }
 
+// startServer starts the i-th -spawn command line, its output to logf
+// (which it closes).
+func (r *runner) startServer(i int, logf *os.File) (*proc, error) {
+	defer logf.Close()
+	line := r.cfg.spawns[i]
+	env, args := splitSpawn(line)
+	if len(args) == 0 {
+		return nil, fmt.Errorf("-spawn %q: no command", line)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(os.Environ(), env...)
+	if r.redisURL != "" {
+		cmd.Env = append(append(os.Environ(), "SSEBENCH_REDIS="+r.redisURL), env...)
+	}
+	p, err := startProc(fmt.Sprintf("server %d", i), cmd, logf.Name())
+	if err != nil {
+		return nil, fmt.Errorf("-spawn: %v", err)
+	}
+	return p, nil
+}
+
 // spawn starts the Redis (-spawn-redis) and then the servers (-spawn) and
 // waits until each listens: every target URL and admin address answers,
 // and, with several servers, each of them holds a listening socket.
@@ -132,26 +154,14 @@ func (r *runner) spawn() error {
 	if err := nothingListens(addrs); err != nil {
 		return err
 	}
-	var extraEnv []string
-	if r.redisURL != "" {
-		extraEnv = append(extraEnv, "SSEBENCH_REDIS="+r.redisURL)
-	}
-	for i, line := range cfg.spawns {
-		env, args := splitSpawn(line)
-		if len(args) == 0 {
-			return fmt.Errorf("-spawn %q: no command", line)
-		}
+	for i := range cfg.spawns {
 		logf, err := r.spawnLogFile(i)
 		if err != nil {
 			return err
 		}
-		cmd := exec.Command(args[0], args[1:]...)
-		cmd.Stdout, cmd.Stderr = logf, logf
-		cmd.Env = append(append(os.Environ(), extraEnv...), env...)
-		p, err := startProc(fmt.Sprintf("server %d", i), cmd, logf.Name())
-		logf.Close()
+		p, err := r.startServer(i, logf)
 		if err != nil {
-			return fmt.Errorf("-spawn: %v", err)
+			return err
 		}
 		r.mu.Lock()
 		r.servers = append(r.servers, p)

@@ -101,9 +101,12 @@ func (r *runner) printSummary() {
 		fmt.Fprintf(w, "error:     %s ×%d\n", e, res.Errors[e])
 	}
 	for _, c := range res.Chaos {
-		fmt.Fprintf(w, "chaos:     at %.1fs %s %s", c.AtS, c.Action, c.Target)
+		fmt.Fprintf(w, "chaos:     at %.1fs %s", c.AtS, c.Action)
+		if c.Target != "" {
+			fmt.Fprintf(w, " %s", c.Target)
+		}
 		if c.DownS > 0 {
-			fmt.Fprintf(w, "(%.1fs)", c.DownS)
+			fmt.Fprintf(w, " (%.1fs)", c.DownS)
 		}
 		if c.Error != "" {
 			fmt.Fprintf(w, " FAILED: %s", c.Error)
