@@ -81,7 +81,8 @@ func (c *config) checkChaos() error {
 }
 
 // startChaos runs the actions until ctx ends; the returned function stops
-// them, leaves Redis running, and returns what was done.
+// them once the action under way is done (Redis and the servers run
+// again), and returns what was done.
 func (r *runner) startChaos(ctx context.Context) func() []chaosEvent {
 	actions, _ := parseChaos(r.cfg.chaos)
 	if len(actions) == 0 {
@@ -117,7 +118,8 @@ func (r *runner) startChaos(ctx context.Context) func() []chaosEvent {
 	}
 }
 
-// chaosAct takes one action; Redis runs again when it returns.
+// chaosAct takes one action; Redis and the servers run again when it
+// returns.
 func (r *runner) chaosAct(ctx context.Context, ev *chaosEvent) {
 	down := r.cfg.chaosDown
 	var err error
@@ -133,7 +135,8 @@ func (r *runner) chaosAct(ctx context.Context, ev *chaosEvent) {
 		}
 		ev.DownS = round3(down.Seconds())
 	case "reload":
-		err = r.reloadAt(ctx, ev.Target)
+		// not cut short by the stop: a reload under way completes
+		err = r.reloadAt(context.WithoutCancel(ctx), ev.Target)
 	case "kill-server":
 		ev.Target, err = r.killServer(down)
 		ev.DownS = round3(down.Seconds())
