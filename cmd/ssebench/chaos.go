@@ -211,6 +211,7 @@ func (r *runner) killServer(down time.Duration) (string, error) {
 	return old.name, nil
 }
 
+// sleepCtx sleeps for d; false if ctx ended first.
 func sleepCtx(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()

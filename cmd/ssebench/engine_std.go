@@ -107,16 +107,7 @@ func (e *stdEngine) closeAll(timeout time.Duration) error {
 	}
 }
 
-func (e *stdEngine) sleep(d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-e.ctx.Done():
-		return false
-	}
-}
+func (e *stdEngine) sleep(d time.Duration) bool { return sleepCtx(e.ctx, d) }
 
 // run is one client's life: connect, read the stream, reconnect like a
 // browser after it ends, until the engine closes.

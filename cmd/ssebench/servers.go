@@ -119,10 +119,11 @@ func (r *runner) startServer(i int, logf *os.File) (*proc, error) {
 	}
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(os.Environ(), env...)
+	cmd.Env = os.Environ()
 	if r.redisURL != "" {
-		cmd.Env = append(append(os.Environ(), "SSEBENCH_REDIS="+r.redisURL), env...)
+		cmd.Env = append(cmd.Env, "SSEBENCH_REDIS="+r.redisURL)
 	}
+	cmd.Env = append(cmd.Env, env...) // the command line's own words win
 	p, err := startProc(fmt.Sprintf("server %d", i), cmd, logf.Name())
 	if err != nil {
 		return nil, fmt.Errorf("-spawn: %v", err)
