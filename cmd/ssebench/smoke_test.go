@@ -298,6 +298,25 @@ func TestSmokeScenarios(t *testing.T) {
 			t.Fatalf("expected %d deliveries", res.Delivery.Expected)
 		}
 	})
+	t.Run("chaos-reload", func(t *testing.T) {
+		cfgFile := filepath.Join(t.TempDir(), "Caddyfile")
+		if err := os.WriteFile(cfgFile, []byte("# reload\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		admin := strings.TrimPrefix(base, "http://")
+		args := append([]string{"fanout", "-conns", "50", "-rate", "20", "-duration", "2s", "-channel-prefix", "chaos",
+			"-chaos", "reload", "-chaos-every", "500ms", "-chaos-down", "100ms", "-admin", admin, "-config", cfgFile}, common(base)...)
+		res, summary := runScenario(t, args...)
+		checkDelivery(t, res, 50, 50*40)
+		if len(res.Chaos) < 2 || res.Delivery.Closing < 50*int64(len(res.Chaos)) || !strings.Contains(summary, "chaos:     at ") {
+			t.Fatalf("chaos %+v, delivery %+v\n%s", res.Chaos, res.Delivery, summary)
+		}
+		for _, c := range res.Chaos {
+			if c.Action != "reload" || c.Target != admin || c.Error != "" {
+				t.Fatalf("chaos %+v", res.Chaos)
+			}
+		}
+	})
 	t.Run("churn", func(t *testing.T) {
 		args := append([]string{"churn", "-conn-rate", "200", "-hold", "200ms", "-duration", "1s"}, common(base)...)
 		res, _ := runScenario(t, args...)
