@@ -3,9 +3,12 @@ package main
 import (
 	"context"
 	"errors"
+	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // offeringPublisher answers the first publish of seq 2 with a 503 that
@@ -69,5 +72,35 @@ func TestChaosFlags(t *testing.T) {
 		if (tc.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.err)) {
 			t.Errorf("%q: %v, want %q", tc.args, err, tc.err)
 		}
+	}
+}
+
+// -chaos kill-redis and stop-redis act on the spawned Redis alone (here
+// the streams' server is the in-process fake, which does not use it), start
+// it again on its port, and the run stops the Redis it started last: nothing
+// is left listening.
+func TestChaosRedisActionsLeaveNothingRunning(t *testing.T) {
+	redisBin := needRedis(t)
+	base := serve(t, newFakeSSE())
+	port := strconv.Itoa(freePorts(t, 1)[0])
+	args := append([]string{"fanout", "-conns", "20", "-rate", "20", "-duration", "2s", "-channel-prefix", "cr",
+		"-spawn-redis", redisBin, "-redis-port", port,
+		"-chaos", "kill-redis,stop-redis", "-chaos-every", "600ms", "-chaos-down", "100ms"}, common(base)...)
+	res, summary := runScenario(t, args...)
+	checkDelivery(t, res, 20, 20*40)
+	if len(res.Chaos) < 2 || res.Chaos[0].Action != "kill-redis" || res.Chaos[1].Action != "stop-redis" {
+		t.Fatalf("chaos %+v\n%s", res.Chaos, summary)
+	}
+	for _, c := range res.Chaos {
+		if c.Error != "" || c.DownS != 0.1 {
+			t.Fatalf("chaos %+v", res.Chaos)
+		}
+	}
+	if res.Redis != nil || !strings.Contains(summary, "-chaos killed and restarted it") {
+		t.Fatalf("Redis figures over two processes: %+v\n%s", res.Redis, summary)
+	}
+	if c, err := net.DialTimeout("tcp", "127.0.0.1:"+port, time.Second); err == nil {
+		c.Close()
+		t.Fatalf("a Redis still listens on %s after the run", port)
 	}
 }
