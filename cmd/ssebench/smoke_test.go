@@ -263,7 +263,19 @@ func TestSmokeFanout(t *testing.T) {
 	}
 }
 
-// TestSmokeScenarios runs spread, scaleout, reconnect and churn briefly.
+// fakeReload is a config file for -config and the admin address of the
+// fake server at base, whose POST /load ends every stream like a reload.
+func fakeReload(t *testing.T, base string) (cfgFile, admin string) {
+	t.Helper()
+	cfgFile = filepath.Join(t.TempDir(), "Caddyfile")
+	if err := os.WriteFile(cfgFile, []byte("# reload\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return cfgFile, strings.TrimPrefix(base, "http://")
+}
+
+// TestSmokeScenarios runs spread, scaleout, reconnect, a chaos of reloads
+// and churn briefly.
 func TestSmokeScenarios(t *testing.T) {
 	hub := newFakeSSE()
 	base, base2 := serve(t, hub), serve(t, hub)
@@ -282,11 +294,7 @@ func TestSmokeScenarios(t *testing.T) {
 		}
 	})
 	t.Run("reconnect", func(t *testing.T) {
-		cfgFile := filepath.Join(t.TempDir(), "Caddyfile")
-		if err := os.WriteFile(cfgFile, []byte("# reload\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		admin := strings.TrimPrefix(base, "http://")
+		cfgFile, admin := fakeReload(t, base)
 		args := append([]string{"reconnect", "-conns", "100", "-events", "20", "-rate", "40", "-channel-prefix", "rc",
 			"-admin", admin, "-config", cfgFile, "-close-jitter", "1s"}, common(base)...)
 		res, _ := runScenario(t, args...)
@@ -299,11 +307,7 @@ func TestSmokeScenarios(t *testing.T) {
 		}
 	})
 	t.Run("chaos-reload", func(t *testing.T) {
-		cfgFile := filepath.Join(t.TempDir(), "Caddyfile")
-		if err := os.WriteFile(cfgFile, []byte("# reload\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		admin := strings.TrimPrefix(base, "http://")
+		cfgFile, admin := fakeReload(t, base)
 		args := append([]string{"fanout", "-conns", "50", "-rate", "20", "-duration", "2s", "-channel-prefix", "chaos",
 			"-chaos", "reload", "-chaos-every", "500ms", "-chaos-down", "100ms", "-admin", admin, "-config", cfgFile}, common(base)...)
 		res, summary := runScenario(t, args...)
