@@ -214,10 +214,11 @@ type Handler struct {
 	// Publish enables publishing with a POST to this route.
 	Publish *PublishConfig `json:"publish,omitempty"`
 
-	logger *zap.Logger
-	hub    *pubsub.Hub
-	loops  *loopSet  // the takeover writer's event loops, if used
-	steps  *stepPool // runs the steps of HTTP/2 and HTTP/3 streams (stack.go)
+	logger  *zap.Logger
+	hub     *pubsub.Hub
+	loops   *loopSet  // the takeover writer's event loops, if used
+	steps   *stepPool // starts the streams that keep their handler goroutine (stack.go)
+	drainer *drainer  // and writes them (drainer.go)
 
 	channelTemplates  []template
 	principalTemplate template
@@ -292,6 +293,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.streams = newRegistry(h.logger, h.heartbeat(), h.closeJitter(), time.Duration(h.SlowClientTimeout))
 	h.steps = newStepPool()
+	h.drainer = newDrainer()
 	if h.closedByServer = h.closeStreamsOnShutdown(ctx); h.closedByServer {
 		return nil
 	}
@@ -528,6 +530,7 @@ func (h *Handler) Cleanup() error {
 		h.streams.stop()
 	}
 	h.steps.stop()
+	h.drainer.stop()
 	if h.metrics != nil {
 		releaseMetrics()
 	}

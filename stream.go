@@ -93,6 +93,7 @@ type stream struct {
 	names         []string                      // channels as the client names them
 	keys          []string                      // channels as the hub names them (namespaced)
 	wake          atomic.Pointer[chan struct{}] // made by run: a taken-over stream never needs it
+	pooled        atomic.Pointer[drained]       // set while the drainer writes it (drainer.go)
 	overflowSince atomic.Int64                  // Unix nanoseconds the queue overflowed; 0 if it has not
 	// hurry, if set, brings the deadline of a write in flight down to
 	// lastWordsTimeout, from any goroutine: a stream told to close must not
@@ -179,6 +180,10 @@ func (s *stream) Deliver(slot int, ev *replay.Event) {
 func (s *stream) poke() {
 	if tk := s.tk.Load(); tk != nil {
 		tk.schedule(s)
+		return
+	}
+	if s.pooled.Load() != nil {
+		s.h.drainer.schedule(s)
 		return
 	}
 	if w := s.wake.Load(); w != nil {

@@ -29,7 +29,7 @@ func (h *Handler) subscribe(w http.ResponseWriter, r *http.Request) error {
 	var s *stream
 	var start startingPoint
 	var err error
-	h.onOwnStackIf(keepsHandlerGoroutine(r), func() { s, start, err = h.openStream(w, r) })
+	h.onOwnStackIf(h.keepsHandlerGoroutine(r), func() { s, start, err = h.openStream(w, r) })
 	if s == nil {
 		return err
 	}
@@ -97,7 +97,7 @@ func (h *Handler) openStream(w http.ResponseWriter, r *http.Request) (*stream, s
 	sw := newHTTPStreamWriter(w, r, time.Duration(h.SlowClientTimeout))
 	s.out = sw
 	s.setHurry(sw.hurry)
-	if keepsHandlerGoroutine(r) {
+	if h.keepsHandlerGoroutine(r) {
 		s.writeOnOwnStacks()
 	}
 	opened = true
@@ -119,7 +119,11 @@ func (h *Handler) serveStream(w http.ResponseWriter, r *http.Request, s *stream,
 	if err == nil && h.takeOver(w, r, s) {
 		return true
 	}
-	if err == nil {
+	switch {
+	case err != nil:
+	case s.ownStacks && h.drainer != nil:
+		err = h.drainer.serve(r.Context(), s)
+	default:
 		err = s.run(r.Context())
 	}
 	_ = s.onOwnStack(func() error {
