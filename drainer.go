@@ -5,7 +5,6 @@ import (
 	"errors"
 	"runtime"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -31,9 +30,13 @@ type drainer struct {
 	wakeup  *sync.Cond
 	stopped bool
 	// watched is set while a check for stuck workers is due (watch).
-	watched  bool
-	progress atomic.Int64 // steps started and finished
-	base     int          // workers kept while the drainer runs
+	watched bool
+	// taken counts the streams the workers took: unchanged for stuckAfter
+	// while streams wait, every worker is held by a step. (Counted under
+	// mu, which taking holds anyway, not in a word the workers would pass
+	// between cores at every step.)
+	taken int64
+	base  int // workers kept while the drainer runs
 }
 
 // drainable is what the drainer writes: a stream (tests give it others).
@@ -141,9 +144,9 @@ func (d *drainer) push(s drainable) {
 		return
 	}
 	d.ready = append(d.ready, s)
+	signal := d.waiting > 0
 	switch {
-	case d.waiting > 0:
-		d.wakeup.Signal()
+	case signal:
 	case d.workers < d.base:
 		d.workers++
 		go d.work(true)
@@ -151,6 +154,9 @@ func (d *drainer) push(s drainable) {
 		d.watch()
 	}
 	d.mu.Unlock()
+	if signal {
+		d.wakeup.Signal() // after unlocking: the worker woken takes the lock at once
+	}
 }
 
 // watch arms a check for stuck workers, if none is armed (d.mu held).
@@ -159,7 +165,7 @@ func (d *drainer) watch() {
 		return
 	}
 	d.watched = true
-	seen := d.progress.Load()
+	seen := d.taken
 	time.AfterFunc(stuckAfter, func() { d.checkStuck(seen) })
 }
 
@@ -173,7 +179,7 @@ func (d *drainer) checkStuck(seen int64) {
 	if waiting == 0 || d.stopped {
 		return
 	}
-	if d.progress.Load() == seen {
+	if d.taken == seen {
 		for range min(waiting, stuckWorkers) {
 			d.workers++
 			go d.work(false)
@@ -214,6 +220,7 @@ func (d *drainer) take(kept bool) drainable {
 	s := d.ready[d.head]
 	d.ready[d.head] = nil
 	d.head++
+	d.taken++
 	switch {
 	case d.head == len(d.ready):
 		d.ready, d.head = d.ready[:0], 0
@@ -247,7 +254,6 @@ func (d *drainer) runOnce(s drainable) {
 // step writes what the stream has to write, then queues it again if it
 // was poked meanwhile, or hands its end to its handler goroutine.
 func (d *drainer) step(s drainable, st *drained) {
-	d.progress.Add(1)
 	var end *drainEnd
 	func() {
 		defer func() {
@@ -259,7 +265,6 @@ func (d *drainer) step(s drainable, st *drained) {
 			end = &drainEnd{err: err}
 		}
 	}()
-	d.progress.Add(1)
 	st.mu.Lock()
 	st.running = false
 	if st.idle != nil {
