@@ -2,7 +2,6 @@ package caddysse
 
 import (
 	"context"
-	"errors"
 	"runtime"
 	"sync"
 	"time"
@@ -47,8 +46,8 @@ type drainable interface {
 	setDrainState(*drained)
 	// mayWait tells whether its next step may wait for long.
 	mayWait() bool
-	// pooledStep writes what it has to write; ended reports its end.
-	pooledStep(ctx context.Context) (ended bool, err error)
+	// writeStep writes what it has to write; ended reports its end.
+	writeStep(ctx context.Context) (ended bool, err error)
 }
 
 // drained is a pooled stream's state in the drainer.
@@ -261,7 +260,7 @@ func (d *drainer) step(s drainable, st *drained) {
 				end = &drainEnd{panicked: r}
 			}
 		}()
-		if ended, err := s.pooledStep(st.ctx); ended {
+		if ended, err := s.writeStep(st.ctx); ended {
 			end = &drainEnd{err: err}
 		}
 	}()
@@ -313,22 +312,4 @@ func (s *stream) setDrainState(st *drained) { s.pooled.Store(st) }
 // from the history.
 func (s *stream) mayWait() bool {
 	return s.closing.Load() != nil || s.degraded.Load() || s.overflowSince.Load() != 0
-}
-
-// pooledStep is one step of a stream on the drainer: what run does at
-// each wake-up. It reports whether the stream ended, and with what.
-func (s *stream) pooledStep(ctx context.Context) (ended bool, err error) {
-	if n := s.closing.Load(); n != nil {
-		s.releaseBeforeClosing(n)
-		return true, s.writeClosing(n)
-	}
-	if err := s.drain(ctx); err != nil {
-		if errors.Is(err, errClosing) {
-			n := s.closing.Load()
-			s.releaseBeforeClosing(n)
-			return true, s.writeClosing(n)
-		}
-		return true, err
-	}
-	return false, nil
 }

@@ -20,7 +20,7 @@ type fakeDrainable struct {
 func (f *fakeDrainable) drainState() *drained      { return f.st.Load() }
 func (f *fakeDrainable) setDrainState(st *drained) { f.st.Store(st) }
 func (f *fakeDrainable) mayWait() bool             { return f.wait }
-func (f *fakeDrainable) pooledStep(context.Context) (bool, error) {
+func (f *fakeDrainable) writeStep(context.Context) (bool, error) {
 	n := f.steps.Add(1)
 	if f.step != nil {
 		return f.step(n)

@@ -350,8 +350,9 @@ func (s *stream) takeDropped() int64 {
 	return n
 }
 
-// run writes events until the client leaves, the stream is closed, or a
-// write fails.
+// run writes events on this goroutine until the client leaves, the stream
+// is closed, or a write fails: a stream that keeps its handler goroutine
+// without a drainer (drainer.go), or one the takeover loops refused.
 func (s *stream) run(ctx context.Context) error {
 	wake := make(chan struct{}, 1)
 	wake <- struct{}{} // events may have been queued before run began
@@ -362,29 +363,29 @@ func (s *stream) run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		}
-		if n := s.closing.Load(); n != nil {
-			s.releaseBeforeClosing(n)
-			return s.onOwnStack(func() error { return s.writeClosing(n) })
-		}
-		if err := s.drainStep(ctx); err != nil {
-			if errors.Is(err, errClosing) {
-				n := s.closing.Load()
-				s.releaseBeforeClosing(n)
-				return s.onOwnStack(func() error { return s.writeClosing(n) })
-			}
+		if ended, err := s.writeStep(ctx); ended {
 			return err
 		}
 	}
 }
 
-// drainStep drains, on a goroutine of its own if the stream's steps run
-// there (stack.go). The closure is made only then: this runs at every
-// wake-up.
-func (s *stream) drainStep(ctx context.Context) error {
-	if !s.ownStacks {
-		return s.drain(ctx)
+// writeStep is what a stream written by a goroutine (run, or the
+// drainer's) does at each wake-up: its last words if it is told to close,
+// or what is queued. It reports whether the stream ended, and with what.
+func (s *stream) writeStep(ctx context.Context) (ended bool, err error) {
+	if n := s.closing.Load(); n != nil {
+		s.releaseBeforeClosing(n)
+		return true, s.writeClosing(n)
 	}
-	return s.onOwnStack(func() error { return s.drain(ctx) })
+	if err := s.drain(ctx); err != nil {
+		if errors.Is(err, errClosing) {
+			n := s.closing.Load()
+			s.releaseBeforeClosing(n)
+			return true, s.writeClosing(n)
+		}
+		return true, err
+	}
+	return false, nil
 }
 
 // drain writes what is queued (catching up from the history after an
