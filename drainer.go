@@ -144,14 +144,13 @@ func (d *drainer) push(s drainable) {
 	}
 	d.ready = append(d.ready, s)
 	signal := d.waiting > 0
-	switch {
-	case signal:
-	case d.workers < d.base:
+	if !signal && d.workers < d.base {
 		d.workers++
 		go d.work(true)
-	default:
-		d.watch()
 	}
+	// even a worker woken for it may take another stream first and block
+	// on its write: whatever waits in the queue is watched
+	d.watch()
 	d.mu.Unlock()
 	if signal {
 		d.wakeup.Signal() // after unlocking: the worker woken takes the lock at once

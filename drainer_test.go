@@ -198,3 +198,27 @@ func TestDrainerReportsTheEndOfAStepThatRanWhenTheClientLeft(t *testing.T) {
 		t.Fatalf("serve returned %v, want the step's end", err)
 	}
 }
+
+// A worker woken for a stream may take one queued before it and block on
+// its write: the stream left in the queue still gets a worker.
+func TestDrainerStreamBehindABlockedWorkerGetsAnother(t *testing.T) {
+	d := newDrainer()
+	d.base = 1
+	defer d.stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	first := &fakeDrainable{}
+	serveInBackground(ctx, d, first)
+	eventually(t, "the first step", func() bool { return first.steps.Load() == 1 })
+	eventually(t, "the worker waiting", func() bool { d.mu.Lock(); defer d.mu.Unlock(); return d.waiting == 1 })
+	release := make(chan struct{})
+	defer close(release)
+	blocks := &fakeDrainable{step: func(int32) (bool, error) { <-release; return false, nil }}
+	behind := &fakeDrainable{}
+	for _, f := range []*fakeDrainable{blocks, behind} {
+		f.setDrainState(&drained{ctx: ctx, done: make(chan drainEnd, 1)})
+	}
+	d.schedule(blocks) // both while the worker has not woken yet
+	d.schedule(behind)
+	eventually(t, "the step behind the blocked one", func() bool { return behind.steps.Load() == 1 })
+}
