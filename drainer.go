@@ -7,8 +7,9 @@ import (
 	"time"
 )
 
-// drainer writes the streams that keep their handler goroutine (stack.go)
-// on a few goroutines of its own. A poked stream goes on its ready queue
+// drainer writes every stream no event loop writes — those that keep their
+// handler goroutine (stack.go), and the rare HTTP/1.x ones the loops refuse
+// or cannot watch — on a few goroutines of its own. A poked stream goes on its ready queue
 // and the next free worker drains it; the handler goroutine only waits for
 // the stream's end. A goroutine per stream woken for each event would cost
 // a wake-up and a hand-off per delivery, and writing on the handler

@@ -218,7 +218,7 @@ type Handler struct {
 	hub     *pubsub.Hub
 	loops   *loopSet  // the takeover writer's event loops, if used
 	steps   *stepPool // starts the streams that keep their handler goroutine (stack.go)
-	drainer *drainer  // and writes them (drainer.go)
+	drainer *drainer  // writes every stream no event loop writes (drainer.go)
 
 	channelTemplates  []template
 	principalTemplate template

@@ -71,6 +71,8 @@ func TestQueueFullForTheTimeoutEndsTheStream(t *testing.T) {
 	h.limits = h.hubLimits()
 	h.streams = newRegistry(h.logger, 0, 0, timeout)
 	defer h.streams.stop()
+	h.drainer = newDrainer()
+	defer h.drainer.stop()
 
 	s := newStream(h, []string{"a"})
 	defer h.hub.Subscribe(s, s.keys).Close()
@@ -79,7 +81,7 @@ func TestQueueFullForTheTimeoutEndsTheStream(t *testing.T) {
 	h.streams.add(s)
 	ended := make(chan error, 1)
 	began := time.Now()
-	go func() { ended <- s.run(context.Background()) }()
+	go func() { ended <- h.drainer.serve(context.Background(), s) }()
 
 	// publish far faster than the client takes events, until the stream ends
 	msg := pubsub.Message{Data: []byte("x")}

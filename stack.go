@@ -20,7 +20,8 @@ import "net/http"
 // goroutine for its whole life: HTTP/2 and HTTP/3 whatever the writer, and
 // every stream without the takeover writer's loops. (An HTTP/1.x stream the
 // loops refuse after its headers — HTTP/1.0, an identity response — keeps
-// it too, and is written on it: too rare to decide on before.)
+// it too, on a stack its start may have grown: too rare to decide on
+// before.)
 func (h *Handler) keepsHandlerGoroutine(r *http.Request) bool {
 	return r.ProtoMajor >= 2 || h.loops == nil
 }

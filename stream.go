@@ -90,11 +90,10 @@ type stream struct {
 	eventsSent     int64
 	batchStartedMs int64 // when the stream took its queue, for latency
 
-	names         []string                      // channels as the client names them
-	keys          []string                      // channels as the hub names them (namespaced)
-	wake          atomic.Pointer[chan struct{}] // made by run: a taken-over stream never needs it
-	pooled        atomic.Pointer[drained]       // set while the drainer writes it (drainer.go)
-	overflowSince atomic.Int64                  // Unix nanoseconds the queue overflowed; 0 if it has not
+	names         []string                // channels as the client names them
+	keys          []string                // channels as the hub names them (namespaced)
+	pooled        atomic.Pointer[drained] // set while the drainer writes it (drainer.go)
+	overflowSince atomic.Int64            // Unix nanoseconds the queue overflowed; 0 if it has not
 	// hurry, if set, brings the deadline of a write in flight down to
 	// lastWordsTimeout, from any goroutine: a stream told to close must not
 	// wait the whole slow-client timeout on a client that stopped reading
@@ -184,13 +183,6 @@ func (s *stream) poke() {
 	}
 	if s.pooled.Load() != nil {
 		s.h.drainer.schedule(s)
-		return
-	}
-	if w := s.wake.Load(); w != nil {
-		select {
-		case *w <- struct{}{}:
-		default:
-		}
 	}
 }
 
@@ -350,27 +342,8 @@ func (s *stream) takeDropped() int64 {
 	return n
 }
 
-// run writes events on this goroutine until the client leaves, the stream
-// is closed, or a write fails: a stream that keeps its handler goroutine
-// without a drainer (drainer.go), or one the takeover loops refused.
-func (s *stream) run(ctx context.Context) error {
-	wake := make(chan struct{}, 1)
-	wake <- struct{}{} // events may have been queued before run began
-	s.wake.Store(&wake)
-	for {
-		select {
-		case <-wake:
-		case <-ctx.Done():
-			return nil
-		}
-		if ended, err := s.writeStep(ctx); ended {
-			return err
-		}
-	}
-}
-
-// writeStep is what a stream written by a goroutine (run, or the
-// drainer's) does at each wake-up: its last words if it is told to close,
+// writeStep is what a stream written by the drainer's goroutines does at
+// each wake-up: its last words if it is told to close,
 // or what is queued. It reports whether the stream ended, and with what.
 func (s *stream) writeStep(ctx context.Context) (ended bool, err error) {
 	if n := s.closing.Load(); n != nil {

@@ -119,12 +119,8 @@ func (h *Handler) serveStream(w http.ResponseWriter, r *http.Request, s *stream,
 	if err == nil && h.takeOver(w, r, s) {
 		return true
 	}
-	switch {
-	case err != nil:
-	case s.ownStacks && h.drainer != nil:
+	if err == nil {
 		err = h.drainer.serve(r.Context(), s)
-	default:
-		err = s.run(r.Context())
 	}
 	_ = s.onOwnStack(func() error {
 		s.finish(r.Context(), err)

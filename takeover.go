@@ -132,14 +132,14 @@ func endsItsBody(err error) bool {
 
 // serveHijacked serves a taken-over stream whose connection the event loop
 // cannot watch (not a plain TCP connection, e.g. behind a listener
-// wrapper): a goroutine writes it, another notices the client leaving.
+// wrapper): the drainer writes it, a goroutine notices the client leaving.
 func (s *stream) serveHijacked(conn net.Conn, cw *connWriter) {
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
 		_, _ = io.Copy(io.Discard, conn)
 		cancel()
 	}()
-	err := s.run(ctx)
+	err := s.h.drainer.serve(ctx, s)
 	if ctx.Err() != nil {
 		err = errors.Join(err, errClientGone)
 	}
