@@ -339,12 +339,23 @@ func (c *h2Raw) getHeaders(path string, extra ...[2]string) uint32 {
 // does not hold up another stream on the same connection, and is ended
 // after slow_client_timeout with a reset of that stream alone: the
 // connection is not closed (no GOAWAY) and the other stream goes on. The
-// stalled client is throttled.
+// stalled client is throttled. Its queue overflows (the default bounds),
+// or holds every event while its write blocks on the window until it is
+// cut.
 func TestStalledH2StreamOnSharedConnection(t *testing.T) {
+	t.Run("its queue overflows", func(t *testing.T) { testStalledH2Stream(t, "") })
+	t.Run("its write blocks", func(t *testing.T) {
+		testStalledH2Stream(t, "queue 100000\n\t\tqueue_bytes 256MiB\n\t\thistory_bytes 256MiB\n\t\tmax_event_size 16KiB")
+	})
+}
+
+func testStalledH2Stream(t *testing.T, bounds string) {
 	srv := startCaddy(t, `
 :{PORT} {
+	metrics /metrics
 	sse /events {
 		channel {query.channels}
+		`+bounds+`
 		slow_client_timeout 1s
 		throttle 30s
 		heartbeat 5s
@@ -470,6 +481,9 @@ func TestStalledH2StreamOnSharedConnection(t *testing.T) {
 	}
 	// the stalled client was slow: it is throttled
 	assertError(t, do(t, http.MethodGet, srv.base+"/events?channels=a", nil, ""), 429, "throttled")
+	if dropped := metric(t, srv.scrape(), "caddy_sse_events_dropped_total"); bounds != "" && dropped != 0 {
+		t.Fatalf("%v events dropped: the queue overflowed, the blocked write was not what ended the stream", dropped)
+	}
 }
 
 // More streams than the server's MaxConcurrentStreams on one HTTP/2

@@ -153,20 +153,27 @@ func (r *registry) tickInterval() time.Duration {
 	return max(every/4, 10*time.Millisecond)
 }
 
-// sweep tells the streams whose queue has stayed full for the slow-client
-// timeout to close (SPEC S7), and marks those that have been silent for a
-// heartbeat interval and wakes them; each writes its heartbeat itself. A
-// queue that overflowed before its stream could write (while its history
-// was read) counts from when the stream was added.
+// sweep ends slow clients' streams (SPEC S7): it tells those whose queue
+// has stayed full for the slow-client timeout, or whose socket took nothing
+// for that long (taken over), to close, and cuts a net/http write or flush
+// in flight for that long (it fails as a slow client's). It marks the
+// streams that have been silent for a heartbeat interval and wakes them;
+// each writes its heartbeat itself. A queue that overflowed before its
+// stream could write (while its history was read) counts from when the
+// stream was added.
 func (r *registry) sweep(now time.Time) {
 	due := now.Add(-r.heartbeat).UnixNano()
 	stuck := now.Add(-r.slow).UnixNano()
+	stuckCall := monoNanos() - int64(r.slow)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for s, added := range r.streams {
 		if since := s.overflowSince.Load(); r.slow > 0 && since != 0 && max(since, added) <= stuck {
 			s.close(slowClient)
 			continue
+		}
+		if sw := s.net.Load(); sw != nil && r.slow > 0 && sw.cutIfBlocked(stuckCall) {
+			continue // its write fails as a slow client's: the stream ends
 		}
 		if tk := s.tk.Load(); tk != nil && r.slow > 0 {
 			if since := tk.blockedSince(); since != 0 && since <= stuck {

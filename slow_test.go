@@ -373,6 +373,50 @@ func TestSlowClientIsDisconnectedThrottledAndResumes(t *testing.T) {
 	}
 }
 
+// A single write that blocks for the slow-client timeout ends the stream
+// as a slow client's, although its queue never fills: the client stopped
+// reading with a few MB on the way, and nothing more is published. Each
+// write has no deadline of its own; the registry's ticker cuts the one in
+// flight (the takeover writer's loops notice the socket taking nothing).
+func TestAWriteBlockedForTheSlowClientTimeoutEndsTheStream(t *testing.T) {
+	srv := startCaddy(t, `
+:{PORT} {
+	metrics /metrics
+	sse /events {
+		channel a
+		queue 100000
+		queue_bytes 256MiB
+		max_event_size 64KiB
+		history 100000
+		history_bytes 512MiB
+		slow_client_timeout 1s
+		publish {
+			secret `+testSecret+`
+		}
+	}
+}
+`)
+	slow, tap := openValved(t, srv.base+"/events", smallReceiveBuffer())
+	srv.publish("/events", map[string]any{"channel": "a", "data": "warm"})
+	slow.next()
+	tap.stall()
+	// more than the sockets hold (a loopback send buffer grows to 4 MB)
+	srv.publishConcurrently(strings.Repeat("x", 60000), 200, 4)
+	published := time.Now()
+	eventually(t, "the stalled client to be disconnected as slow", func() bool {
+		return metric(t, srv.scrape(), "caddy_sse_slow_client_disconnects_total") == 1
+	})
+	t.Logf("disconnected %v after the last publish", time.Since(published).Round(time.Millisecond))
+	if dropped := metric(t, srv.scrape(), "caddy_sse_events_dropped_total"); dropped != 0 {
+		t.Fatalf("%v events dropped: the queue overflowed, the blocked write was not what ended the stream", dropped)
+	}
+	tap.resume()
+	for range slow.events { // what the sockets held, then the end
+	}
+	resp := do(t, http.MethodGet, srv.base+"/events", nil, "")
+	assertError(t, resp, 429, "throttled")
+}
+
 // publishConcurrently publishes n events of data to channel a from workers
 // goroutines and returns n.
 func (s *testServer) publishConcurrently(data string, n, workers int) int {

@@ -97,9 +97,13 @@ type stream struct {
 	// hurry, if set, brings the deadline of a write in flight down to
 	// lastWordsTimeout, from any goroutine: a stream told to close must not
 	// wait the whole slow-client timeout on a client that stopped reading
-	// (a stop waits for it). Set by whoever makes the stream's writer.
+	// (a stop waits for it). Set by whoever makes the stream's writer; a
+	// net/http writer is hurried through net.
 	hurry atomic.Pointer[func()]
-	rare  atomic.Pointer[rareState] // what few streams need (rareState); nil until one does
+	// net is its net/http writer while it writes there (not taken over):
+	// the registry cuts its calls blocked for the slow-client timeout.
+	net  atomic.Pointer[httpStreamWriter]
+	rare atomic.Pointer[rareState] // what few streams need (rareState); nil until one does
 
 	who    client // who opened it, for caps, throttles and logs
 	remote string // the client's address, for logs
@@ -189,7 +193,9 @@ func (s *stream) poke() {
 // close asks the stream to end with a server_closing event.
 func (s *stream) close(n *closeNotice) {
 	if s.closing.CompareAndSwap(nil, n) {
-		if hurry := s.hurry.Load(); hurry != nil {
+		if sw := s.net.Load(); sw != nil {
+			sw.hurry()
+		} else if hurry := s.hurry.Load(); hurry != nil {
 			(*hurry)()
 		}
 	}

@@ -53,11 +53,17 @@ func (h *Handler) takeOver(w http.ResponseWriter, r *http.Request, s *stream) bo
 	if strings.EqualFold(w.Header().Get("Transfer-Encoding"), "identity") {
 		return false // net/http did not chunk this response: the loop writes chunks
 	}
-	if sw, ok := s.out.(*httpStreamWriter); ok {
+	sw, _ := s.out.(*httpStreamWriter)
+	if sw != nil {
+		s.net.Store(nil)
 		sw.end() // the response's writer is about to go
 	}
 	conn, _, err := http.NewResponseController(w).Hijack()
 	if err != nil {
+		if sw != nil { // it goes on writing there
+			sw.resume()
+			s.net.Store(sw)
+		}
 		return false
 	}
 	s.setHurry(nil)

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -40,146 +41,180 @@ type streamWriter interface {
 
 // httpStreamWriter writes a stream through net/http and Caddy's response
 // writer chain.
+//
+// Its writes carry no deadline of their own: the handler's registry bounds
+// them (SPEC S7) from its shared ticker, which cuts a write or flush that
+// has been in flight for the slow-client timeout (cut). A deadline per call
+// cost a timer update per write — on HTTP/2 a message to the connection's
+// goroutine and a new timer each — about a tenth of an HTTP/1.1 fan-out's
+// CPU and a sixth of an HTTP/2 one's (docs/PERFORMANCE.md). So Caddy's
+// idle-timeout writer, which would arm one before every Write and Flush, is
+// given a response controller whose deadlines go nowhere while the stream
+// writes (end puts its own back).
 type httpStreamWriter struct {
 	w       http.ResponseWriter
-	rc      *http.ResponseController
+	rc      *http.ResponseController // for flushes, through the whole chain
 	timeout time.Duration
-	// idle is Caddy's idle-timeout writer that bounds each write, if any;
-	// without it (manual), this writer sets (and clears) the write
-	// deadline itself.
-	idle   *caddyhttp.IdleTimeoutWriter
-	manual bool
-	// resets is set on HTTP/2 and HTTP/3, where a write deadline that
-	// passes resets the stream instead of being reported (classify)
-	resets bool
-	// began is when the write or flush in progress began, noted only where
-	// classify needs it (resets): the clock is not read per write on
-	// HTTP/1 with Caddy's idle writer.
-	began time.Time
-	// hurryMu orders hurry (any goroutine) against end: a deadline that
-	// hurry set after the stream ended would linger on the connection's
-	// next response (keep-alive).
-	hurryMu sync.Mutex
-	hurried bool
+	// ctrl sets the connection's deadlines: below Caddy's idle-timeout
+	// writer if there is one (idle), whose own controller is then idle's
+	// while the stream writes.
+	ctrl  *http.ResponseController
+	idle  *caddyhttp.IdleTimeoutWriter
+	idles *http.ResponseController
+	// since is when the write or flush in flight began (monoNanos, plus
+	// one so that 0 means none is); cut marks a call the registry cut.
+	since atomic.Int64
+	cut   atomic.Bool
+	// mu orders hurry and cut (any goroutine) against end: a deadline set
+	// after the stream ended would linger on the connection's next
+	// response (keep-alive).
+	mu      sync.Mutex
+	hurried bool // a deadline was set on the connection: end takes it back
 	ended   bool
 }
 
 // newHTTPStreamWriter prepares w for a long stream (SPEC S2): Caddy's
 // server-wide write timeout is a hard ceiling on a response's writes, which
 // would cut every stream after that long. It is lifted for this response
-// only and replaced by a per-write limit of timeout. Read deadlines are left
-// alone: moving them cancels the request's context.
+// only; the registry bounds each write by timeout instead. Read deadlines
+// are left alone: moving them cancels the request's context.
 func newHTTPStreamWriter(w http.ResponseWriter, r *http.Request, timeout time.Duration) *httpStreamWriter {
-	sw := &httpStreamWriter{w: w, rc: http.NewResponseController(w), timeout: timeout, resets: r.ProtoMajor >= 2}
+	rc := http.NewResponseController(w)
+	sw := &httpStreamWriter{w: w, rc: rc, ctrl: rc, timeout: timeout}
 	if _, idle := caddyhttp.IdleTimeoutsFromContext(r.Context()); idle != nil {
-		idle.Deadline.HardDeadline = time.Time{}
-		idle.Override(timeout, 0, 0)
-		sw.idle = idle
-	} else {
-		sw.manual = true
+		idle.Deadline.HardDeadline = time.Time{} // also for its last flush, after the handler
+		sw.idle, sw.idles, sw.ctrl = idle, idle.Ctrl, idle.Ctrl
+		idle.Ctrl = noDeadlines
 	}
+	// what net/http or Caddy set so far (the server's write timeout)
+	_ = sw.ctrl.SetWriteDeadline(time.Time{})
 	return sw
 }
 
-// hurry brings the deadline of a write in flight down to lastWordsTimeout;
-// safe from any goroutine. It sets the connection's deadline below Caddy's
-// idle-timeout writer (whose own bookkeeping is its goroutine's): that
-// writer arms it again at the next write, which is then the stream's last
-// words, bounded the same.
+// noDeadlines is a response controller whose deadlines go nowhere.
+var noDeadlines = http.NewResponseController(deadlineSink{})
+
+type deadlineSink struct{}
+
+func (deadlineSink) Header() http.Header              { return http.Header{} }
+func (deadlineSink) Write(p []byte) (int, error)      { return len(p), nil }
+func (deadlineSink) WriteHeader(int)                  {}
+func (deadlineSink) SetWriteDeadline(time.Time) error { return nil }
+
+// monoNanos is a monotonic clock in nanoseconds (since the process began):
+// cheaper to read than the wall clock.
+func monoNanos() int64 { return int64(time.Since(processStart)) }
+
+var processStart = time.Now()
+
+// hurry brings the deadline of a write in flight, and of those to come,
+// down to lastWordsTimeout; safe from any goroutine. A stream told to close
+// must not wait the whole slow-client timeout on a client that stopped
+// reading (a stop waits for it).
 func (sw *httpStreamWriter) hurry() {
-	sw.hurryMu.Lock()
-	defer sw.hurryMu.Unlock()
+	sw.setDeadline(time.Now().Add(min(sw.timeout, lastWordsTimeout)))
+}
+
+// cutIfBlocked ends the write or flush in flight if it began at or before
+// stuck (monoNanos) and is still the one in flight; safe from any
+// goroutine. It fails at once, as a slow write.
+func (sw *httpStreamWriter) cutIfBlocked(stuck int64) bool {
+	since := sw.since.Load()
+	if since == 0 || since-1 > stuck {
+		return false
+	}
+	sw.mu.Lock()
+	defer sw.mu.Unlock()
+	if sw.ended || sw.since.Load() != since {
+		return false // it ended, or another call began
+	}
+	sw.cut.Store(true)
+	sw.setDeadlineLocked(time.Unix(1, 0))
+	return true
+}
+
+func (sw *httpStreamWriter) setDeadline(t time.Time) {
+	sw.mu.Lock()
+	defer sw.mu.Unlock()
+	sw.setDeadlineLocked(t)
+}
+
+func (sw *httpStreamWriter) setDeadlineLocked(t time.Time) {
 	if sw.ended {
 		return
 	}
 	sw.hurried = true
-	_ = sw.conn().SetWriteDeadline(time.Now().Add(min(sw.timeout, lastWordsTimeout)))
+	_ = sw.ctrl.SetWriteDeadline(t)
 }
 
-// end is called when the stream no longer writes here (it ended, or was
-// taken over): hurry does nothing from then on, and a deadline it set is
-// taken back.
+// end is called on the handler's goroutine when the stream no longer
+// writes here (it ended, or is taken over): hurry and cut do nothing from
+// then on, a deadline they set is taken back, and Caddy's idle-timeout
+// writer gets its controller back (for its last flush after the handler).
 func (sw *httpStreamWriter) end() {
-	sw.hurryMu.Lock()
-	defer sw.hurryMu.Unlock()
-	if !sw.ended && sw.hurried {
-		_ = sw.conn().SetWriteDeadline(time.Time{})
+	sw.mu.Lock()
+	defer sw.mu.Unlock()
+	if sw.ended {
+		return
+	}
+	if sw.hurried {
+		_ = sw.ctrl.SetWriteDeadline(time.Time{})
 	}
 	sw.ended = true
+	if sw.idle != nil {
+		sw.idle.Ctrl = sw.idles
+	}
 }
 
-// conn controls the connection's deadlines below Caddy's idle-timeout
-// writer, if there is one.
-func (sw *httpStreamWriter) conn() *http.ResponseController {
+// resume undoes end: the stream goes on writing here after all.
+func (sw *httpStreamWriter) resume() {
+	sw.mu.Lock()
+	defer sw.mu.Unlock()
+	sw.ended = false
 	if sw.idle != nil {
-		return sw.idle.Ctrl
+		sw.idle.Ctrl = noDeadlines
 	}
-	return sw.rc
 }
 
 // MayBlock is true: the stream has its handler's goroutine.
 func (sw *httpStreamWriter) MayBlock() bool { return true }
 
 func (sw *httpStreamWriter) Write(p []byte) error {
-	sw.beginCall()
+	sw.since.Store(monoNanos() + 1)
 	_, err := sw.w.Write(p)
+	sw.since.Store(0)
 	return sw.classify(err)
-}
-
-// beginCall notes when a write or flush begins, where classify needs it,
-// and, without Caddy's idle writer, sets its deadline. Each call has a
-// deadline of its own (Caddy's idle writer arms one per call too), so only
-// a call that lasted the timeout can have been cut by it.
-func (sw *httpStreamWriter) beginCall() {
-	if !sw.manual && !sw.resets {
-		return
-	}
-	now := time.Now()
-	sw.began = now
-	if sw.manual {
-		_ = sw.rc.SetWriteDeadline(now.Add(sw.timeout))
-	}
 }
 
 func (sw *httpStreamWriter) Flush() error {
-	sw.beginCall()
-	if !sw.manual {
-		return sw.classify(sw.rc.Flush())
-	}
+	sw.since.Store(monoNanos() + 1)
 	err := sw.rc.Flush()
-	// HTTP/2 arms a timer for a write deadline that resets the stream even
-	// with no write in flight; clear it between writes.
-	_ = sw.rc.SetWriteDeadline(time.Time{})
+	sw.since.Store(0)
 	return sw.classify(err)
 }
+
+// blockedSince is when the write or flush in flight began (monoNanos),
+// or -1 if none is.
+func (sw *httpStreamWriter) blockedSince() int64 { return sw.since.Load() - 1 }
 
 // WriteLast writes and flushes p within lastWordsTimeout (or the
 // slow-client timeout, if shorter).
 func (sw *httpStreamWriter) WriteLast(p []byte) error {
-	bound := min(sw.timeout, lastWordsTimeout)
-	if sw.idle != nil {
-		defer sw.idle.Override(bound, 0, 0)()
-	} else {
-		_ = sw.rc.SetWriteDeadline(time.Now().Add(bound))
-		defer func() { _ = sw.rc.SetWriteDeadline(time.Time{}) }()
-	}
+	sw.setDeadline(time.Now().Add(min(sw.timeout, lastWordsTimeout)))
 	if _, err := sw.w.Write(p); err != nil {
 		return err
 	}
 	return sw.rc.Flush()
 }
 
-// classify marks an error as a slow write when the write deadline ended it:
-// HTTP/1 reports the deadline, but HTTP/2 resets the stream when it passes,
-// so there a call that failed after (nearly) the whole timeout counts too.
-// The call's, not its batch's: a client that reads slowly but steadily
-// through a long batch, then leaves, was not slow (no call waited the
-// timeout) and must not be throttled.
+// classify marks an error as a slow write when a deadline ended it: the
+// registry's cut (HTTP/2 and HTTP/3 reset the stream then, HTTP/1 reports
+// the deadline), or hurry's on HTTP/1.
 func (sw *httpStreamWriter) classify(err error) error {
 	if err == nil {
 		return nil
 	}
-	if errors.Is(err, os.ErrDeadlineExceeded) || (sw.resets && time.Since(sw.began) >= sw.timeout-sw.timeout/10) {
+	if sw.cut.Load() || errors.Is(err, os.ErrDeadlineExceeded) {
 		return fmt.Errorf("%w: %w", errSlowWrite, err)
 	}
 	return err
