@@ -2,6 +2,7 @@ package caddysse
 
 import (
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -17,15 +18,24 @@ import (
 //
 // A step may block for long (a write to a client that does not read, up to
 // the slow-client timeout). When no worker has started or finished a step
-// for stuckAfter, a waiting step gets a goroutine of its own, so that stalled
-// clients cannot hold up everyone else's steps.
+// for stuckAfter while steps wait, the waiting steps get goroutines of their
+// own, so that stalled clients cannot hold up everyone else's steps. One
+// check (a timer) serves all the steps waiting at once: a ticker for each,
+// in a wave of 10k stream starts, left the runtime's timer heaps grown by
+// about 175 bytes per stream for good.
 type stepPool struct {
 	jobs     chan *stepJob
 	quit     chan struct{}
 	workers  atomic.Int32
 	max      int32
-	progress atomic.Int64 // when a worker last started or finished a step, Unix ns
+	progress atomic.Int64 // steps the workers started or finished
 	escaped  atomic.Int64 // steps that ran on a goroutine of their own while workers were stuck
+
+	mu sync.Mutex
+	// stuck is closed once the workers made no progress for stuckAfter
+	// while steps waited (checkStuck); nil while no step waits.
+	stuck   chan struct{}
+	waiting int // steps waiting for a worker
 }
 
 type stepJob struct {
@@ -47,7 +57,6 @@ func newStepPool() *stepPool {
 		quit: make(chan struct{}),
 		max:  int32(16 * runtime.GOMAXPROCS(0)),
 	}
-	p.progress.Store(time.Now().UnixNano())
 	return p
 }
 
@@ -84,22 +93,56 @@ func (p *stepPool) submit(job *stepJob) {
 		go p.work(job)
 		return
 	}
-	tick := time.NewTicker(stuckAfter)
-	defer tick.Stop()
-	for {
-		select {
-		case p.jobs <- job:
-			return
-		case <-p.quit:
-			go job.run()
-			return
-		case <-tick.C:
-			if time.Since(time.Unix(0, p.progress.Load())) >= stuckAfter {
-				p.escaped.Add(1)
-				go job.run()
-				return
-			}
-		}
+	stuck := p.wait()
+	defer p.waited()
+	select {
+	case p.jobs <- job:
+	case <-p.quit:
+		go job.run()
+	case <-stuck:
+		p.escaped.Add(1)
+		go job.run()
+	}
+}
+
+// wait counts a step that waits for a worker and returns the channel closed
+// if the workers are stuck, arming the check if it is the first to wait.
+func (p *stepPool) wait() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.waiting++
+	if p.stuck == nil {
+		p.stuck = make(chan struct{})
+		p.watch()
+	}
+	return p.stuck
+}
+
+func (p *stepPool) waited() {
+	p.mu.Lock()
+	p.waiting--
+	p.mu.Unlock()
+}
+
+// watch arms the check for stuck workers (p.mu held).
+func (p *stepPool) watch() {
+	seen := p.progress.Load()
+	time.AfterFunc(stuckAfter, func() { p.checkStuck(seen) })
+}
+
+// checkStuck lets the waiting steps go if the workers made no progress
+// since seen, and checks again later while steps still wait.
+func (p *stepPool) checkStuck(seen int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case p.waiting == 0:
+		p.stuck = nil
+	case p.progress.Load() == seen:
+		close(p.stuck)
+		p.stuck = nil
+	default:
+		p.watch()
 	}
 }
 
@@ -111,7 +154,7 @@ func (p *stepPool) grow() bool {
 			return false
 		}
 		if p.workers.CompareAndSwap(n, n+1) {
-			p.progress.Store(time.Now().UnixNano())
+			p.progress.Add(1)
 			return true
 		}
 	}
@@ -124,8 +167,9 @@ func (p *stepPool) work(job *stepJob) {
 	idle := time.NewTimer(workerIdle)
 	defer idle.Stop()
 	for {
+		p.progress.Add(1)
 		job.run()
-		p.progress.Store(time.Now().UnixNano())
+		p.progress.Add(1)
 		idle.Reset(workerIdle)
 		select {
 		case job = <-p.jobs:

@@ -72,6 +72,30 @@ func TestStepPoolStepsGoOnWhileWorkersAreStuck(t *testing.T) {
 	}
 }
 
+// Steps that wait for workers that go on finishing steps wait for them: a
+// wave longer than stuckAfter lets no step go beside the workers.
+func TestStepPoolLetsNoStepGoWhileWorkersProgress(t *testing.T) {
+	p := newStepPool()
+	defer p.stop()
+	steps := int(p.max) * 20 // 20 rounds of 5 ms: twice stuckAfter
+	var wg sync.WaitGroup
+	began := time.Now()
+	for range steps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.run(func() { time.Sleep(5 * time.Millisecond) })
+		}()
+	}
+	wg.Wait()
+	if n := p.escaped.Load(); n != 0 {
+		t.Fatalf("%d steps ran beside the workers while those finished a step every few ms", n)
+	}
+	if took := time.Since(began); took < 2*stuckAfter {
+		t.Fatalf("the wave took %v: too short to test the check", took)
+	}
+}
+
 func TestStepPoolRaisesAStepsPanicInTheCaller(t *testing.T) {
 	for _, p := range []*stepPool{newStepPool(), nil} {
 		func() {
