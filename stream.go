@@ -97,8 +97,7 @@ type stream struct {
 	// hurry, if set, brings the deadline of a write in flight down to
 	// lastWordsTimeout, from any goroutine: a stream told to close must not
 	// wait the whole slow-client timeout on a client that stopped reading
-	// (a stop waits for it). Set by whoever makes the stream's writer; a
-	// net/http writer is hurried through net.
+	// (a stop waits for it). Set by whoever makes the stream's writer.
 	hurry atomic.Pointer[func()]
 	// net is its net/http writer while it writes there (not taken over):
 	// the registry cuts its calls blocked for the slow-client timeout.
@@ -193,9 +192,7 @@ func (s *stream) poke() {
 // close asks the stream to end with a server_closing event.
 func (s *stream) close(n *closeNotice) {
 	if s.closing.CompareAndSwap(nil, n) {
-		if sw := s.net.Load(); sw != nil {
-			sw.hurry()
-		} else if hurry := s.hurry.Load(); hurry != nil {
+		if hurry := s.hurry.Load(); hurry != nil {
 			(*hurry)()
 		}
 	}

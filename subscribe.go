@@ -96,6 +96,7 @@ func (h *Handler) openStream(w http.ResponseWriter, r *http.Request) (*stream, s
 	}
 	sw := newHTTPStreamWriter(w, r, time.Duration(h.SlowClientTimeout))
 	s.out = sw
+	s.setHurry(sw.hurry)
 	s.net.Store(sw)
 	if h.keepsHandlerGoroutine(r) {
 		s.writeOnOwnStacks()

@@ -47,7 +47,7 @@ type streamWriter interface {
 // has been in flight for the slow-client timeout (cut). A deadline per call
 // cost a timer update per write — on HTTP/2 a message to the connection's
 // goroutine and a new timer each — about a tenth of an HTTP/1.1 fan-out's
-// CPU and a sixth of an HTTP/2 one's (docs/PERFORMANCE.md). So Caddy's
+// CPU and a seventh of an HTTP/2 one's (docs/PERFORMANCE.md). So Caddy's
 // idle-timeout writer, which would arm one before every Write and Flush, is
 // given a response controller whose deadlines go nowhere while the stream
 // writes (end puts its own back).
@@ -55,9 +55,10 @@ type httpStreamWriter struct {
 	w       http.ResponseWriter
 	rc      *http.ResponseController // for flushes, through the whole chain
 	timeout time.Duration
-	// ctrl sets the connection's deadlines: below Caddy's idle-timeout
-	// writer if there is one (idle), whose own controller is then idle's
-	// while the stream writes.
+	// ctrl sets the connection's deadlines (hurry, cut, the last words).
+	// With Caddy's idle-timeout writer (idle) it is that writer's own
+	// controller (idles), which the writer gets back at the end; meanwhile
+	// it has noDeadlines.
 	ctrl  *http.ResponseController
 	idle  *caddyhttp.IdleTimeoutWriter
 	idles *http.ResponseController
