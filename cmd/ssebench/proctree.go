@@ -37,6 +37,7 @@ func readProcTree(pid int) (procSample, error) {
 		sum.rssKiB += s.rssKiB
 		sum.hwmKiB += s.hwmKiB
 		sum.cpuSec += s.cpuSec
+		sum.userSec += s.userSec
 		sum.threads += s.threads
 		sum.fds += s.fds
 	}

@@ -238,7 +238,7 @@ func TestRequestURI(t *testing.T) {
 func TestParseProc(t *testing.T) {
 	stat := "4242 (my (odd) proc) S 1 4242 4242 0 -1 4194560 1234 0 0 0 250 75 0 0 20 0 17 0 123456 1234567890 2048 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0\n"
 	s, err := parseProcStat([]byte(stat))
-	if err != nil || s.utimeTicks != 250 || s.stimeTicks != 75 || s.threads != 17 || s.rssPages != 2048 || s.cpuSeconds() != 3.25 {
+	if err != nil || s.utimeTicks != 250 || s.stimeTicks != 75 || s.threads != 17 || s.rssPages != 2048 || s.cpuSeconds() != 3.25 || s.userSeconds() != 2.5 {
 		t.Fatalf("parseProcStat: %+v %v", s, err)
 	}
 	if _, err := parseProcStat([]byte("1 (x) S 1 2")); err == nil {

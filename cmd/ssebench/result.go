@@ -78,10 +78,13 @@ type serverSummary struct {
 	CPUSeconds       float64 `json:"cpu_s"`
 	CPUCores         float64 `json:"cpu_cores"`
 	CPUPerDeliveryUs float64 `json:"cpu_per_delivery_us,omitempty"`
-	Threads          int64   `json:"threads"`
-	FDs              int     `json:"fds"`
-	FDsBase          int     `json:"fds_base"`
-	Goroutines       int     `json:"goroutines,omitempty"`
+	// UserPerDeliveryUs is the part of CPUPerDeliveryUs spent in user
+	// space (USER_HZ ticks: 10 ms each).
+	UserPerDeliveryUs float64 `json:"cpu_user_per_delivery_us,omitempty"`
+	Threads           int64   `json:"threads"`
+	FDs               int     `json:"fds"`
+	FDsBase           int     `json:"fds_base"`
+	Goroutines        int     `json:"goroutines,omitempty"`
 	// MemStats is the Go runtime's view (admin /debug/vars), in KiB.
 	MemStats *memStats `json:"memstats_kib,omitempty"`
 	// Processes are the servers one by one, when there are several.

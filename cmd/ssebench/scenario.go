@@ -372,6 +372,7 @@ func (r *runner) sample() (procSample, bool) {
 		sum.rssKiB += s.rssKiB
 		sum.hwmKiB += s.hwmKiB
 		sum.cpuSec += s.cpuSec
+		sum.userSec += s.userSec
 		sum.threads += s.threads
 		sum.fds += s.fds
 		if len(pids) > 1 {
@@ -419,6 +420,7 @@ func (r *runner) serverSummary(base, before, after procSample, secs float64, del
 	}
 	if deliveries > 0 {
 		s.CPUPerDeliveryUs = round3((after.cpuSec - before.cpuSec) / float64(deliveries) * 1e6)
+		s.UserPerDeliveryUs = round3((after.userSec - before.userSec) / float64(deliveries) * 1e6)
 	}
 	s.Goroutines = r.serverGoroutines()
 	if len(after.per) > 1 && len(after.per) == len(before.per) && len(after.per) == len(base.per) {

@@ -26,7 +26,7 @@ func (r *runner) printSummary() {
 		}
 		fmt.Fprintf(w, "; cpu %.2fs (%.2f cores)", s.CPUSeconds, s.CPUCores)
 		if s.CPUPerDeliveryUs > 0 {
-			fmt.Fprintf(w, " = %.2f µs/delivery", s.CPUPerDeliveryUs)
+			fmt.Fprintf(w, " = %.2f µs/delivery (user %.2f)", s.CPUPerDeliveryUs, s.UserPerDeliveryUs)
 		}
 		fmt.Fprintf(w, "; %d threads, %d fds (%d before)", s.Threads, s.FDs, s.FDsBase)
 		if s.Goroutines > 0 {
