@@ -4,7 +4,6 @@ import (
 	"context"
 	"runtime"
 	"sync"
-	"time"
 )
 
 // drainer writes every stream no event loop writes — those that keep their
@@ -29,8 +28,7 @@ type drainer struct {
 	workers int
 	wakeup  *sync.Cond
 	stopped bool
-	// watched is set while a check for stuck workers is due (watch).
-	watched bool
+	stuck   stuckCheck // armed while streams wait (watch)
 	// taken counts the streams the workers took: unchanged for stuckAfter
 	// while streams wait, every worker is held by a step. (Counted under
 	// mu, which taking holds anyway, not in a word the workers would pass
@@ -159,21 +157,14 @@ func (d *drainer) push(s drainable) {
 }
 
 // watch arms a check for stuck workers, if none is armed (d.mu held).
-func (d *drainer) watch() {
-	if d.watched {
-		return
-	}
-	d.watched = true
-	seen := d.taken
-	time.AfterFunc(stuckAfter, func() { d.checkStuck(seen) })
-}
+func (d *drainer) watch() { d.stuck.arm(d.taken, d.checkStuck) }
 
 // checkStuck starts more workers if streams wait and the workers made no
 // progress since seen: their writes block (clients that do not read).
 func (d *drainer) checkStuck(seen int64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.watched = false
+	d.stuck.fired()
 	waiting := len(d.ready) - d.head
 	if waiting == 0 || d.stopped {
 		return

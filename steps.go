@@ -36,6 +36,7 @@ type stepPool struct {
 	// while steps waited (checkStuck); nil while no step waits.
 	stuck   chan struct{}
 	waiting int // steps waiting for a worker
+	check   stuckCheck
 }
 
 type stepJob struct {
@@ -125,16 +126,14 @@ func (p *stepPool) waited() {
 }
 
 // watch arms the check for stuck workers (p.mu held).
-func (p *stepPool) watch() {
-	seen := p.progress.Load()
-	time.AfterFunc(stuckAfter, func() { p.checkStuck(seen) })
-}
+func (p *stepPool) watch() { p.check.arm(p.progress.Load(), p.checkStuck) }
 
 // checkStuck lets the waiting steps go if the workers made no progress
 // since seen, and checks again later while steps still wait.
 func (p *stepPool) checkStuck(seen int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.check.fired()
 	switch {
 	case p.waiting == 0:
 		p.stuck = nil
@@ -145,6 +144,26 @@ func (p *stepPool) checkStuck(seen int64) {
 		p.watch()
 	}
 }
+
+// stuckCheck is the check for stuck workers that the step pool and the
+// drainer share: one timer for all the work waiting at once, armed by the
+// first to wait, which hands its owner the workers' progress count from
+// when it was armed; the owner compares it with the count then, lets the
+// waiting work go if it has not moved, and arms it again while work waits.
+// Its owner's lock guards it.
+type stuckCheck struct{ armed bool }
+
+// arm schedules check(progress) stuckAfter from now, unless one is due.
+func (c *stuckCheck) arm(progress int64, check func(seen int64)) {
+	if c.armed {
+		return
+	}
+	c.armed = true
+	time.AfterFunc(stuckAfter, func() { check(progress) })
+}
+
+// fired is called first by the check, its owner's lock held.
+func (c *stuckCheck) fired() { c.armed = false }
 
 // grow counts a new worker if there is room for one.
 func (p *stepPool) grow() bool {
