@@ -221,6 +221,11 @@ func tryOpenStream(client *http.Client, url, lastID string, deadline time.Time) 
 		return c, nil
 	case <-c.done:
 		timer.Stop()
+		select {
+		case <-c.preamble: // a short body ended right after it: both were ready
+			return c, nil
+		default:
+		}
 		return nil, fmt.Errorf("GET %s: stream ended before its preamble: %v", url, c.err)
 	}
 }
