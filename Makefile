@@ -46,13 +46,24 @@ SPAWN_CHAOS = -spawn-redis $(BENCH_REDIS_SERVER) \
 	-spawn "SSEBENCH_PORT=9180 SSEBENCH_PORT2=9181 SSEBENCH_ADMIN=9119 $(BENCH_CADDY) run --config $(BENCH_REDIS_CONFIG)" \
 	-admin 127.0.0.1:9019,127.0.0.1:9119 -out $(BENCH_OUT) $(BENCH_QUIET) $(BENCH_FLAGS)
 
-## test: the whole suite with the race detector, then the in-process and
-## built-binary tests again with the takeover writer (every test passes with
-## either writer). This is the README's test command; .ci/run runs it.
-.PHONY: test
+## test: the whole suite with the race detector, and the in-process and
+## built-binary tests again with the takeover writer, with and without
+## io_uring (every test passes with either writer). This is the README's test
+## command; .ci/run runs it. The three runs are processes of their own whose
+## tests take free ports and temporary directories, and mostly wait (for
+## Redis, timeouts, clients): they run side by side, each one's output
+## printed whole when it ends.
+.PHONY: test test-all test-takeover test-takeover-no-uring
 test:
+	@$(MAKE) --no-print-directory -j3 --output-sync=target test-all test-takeover test-takeover-no-uring
+
+test-all:
 	$(GO) test -race -count=1 -timeout 15m ./...
+
+test-takeover:
 	SSE_TEST_WRITER=takeover $(GO) test -race -count=1 -timeout 15m . ./e2e/
+
+test-takeover-no-uring:
 	CADDY_SSE_IO_URING=0 SSE_TEST_WRITER=takeover $(GO) test -race -count=1 -timeout 15m .
 
 .PHONY: bench-caddy-floor

@@ -138,15 +138,27 @@ func fcallROCalls(t *testing.T, srv *redistest.Server) int {
 // name) Redis has run, those of functions and scripts included; 0 if none.
 func commandCount(t *testing.T, srv *redistest.Server, stat string) int {
 	t.Helper()
-	calls := commandCalls(srv.MustCLI("INFO", "commandstats"), stat)
-	if calls == "" {
-		return 0
+	return commandCounts(t, srv, stat)[0]
+}
+
+// commandCounts is commandCount of several commands at one moment (one
+// INFO): counts read one after the other drift apart while Redis serves.
+func commandCounts(t *testing.T, srv *redistest.Server, stats ...string) []int {
+	t.Helper()
+	info := srv.MustCLI("INFO", "commandstats")
+	counts := make([]int, len(stats))
+	for i, stat := range stats {
+		calls := commandCalls(info, stat)
+		if calls == "" {
+			continue
+		}
+		n, err := strconv.Atoi(strings.TrimPrefix(calls, "calls="))
+		if err != nil {
+			t.Fatalf("%s: %q", stat, calls)
+		}
+		counts[i] = n
 	}
-	n, err := strconv.Atoi(strings.TrimPrefix(calls, "calls="))
-	if err != nil {
-		t.Fatalf("%s: %q", stat, calls)
-	}
-	return n
+	return counts
 }
 
 // A channel whose last stream leaves and whose next one comes at once is
