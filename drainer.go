@@ -257,22 +257,23 @@ func (d *drainer) step(s drainable, st *drained) {
 	}()
 	st.mu.Lock()
 	st.running = false
-	if st.idle != nil {
-		close(st.idle)
-		st.idle = nil
-	}
 	again := st.again && !st.stopped && end == nil
 	st.again = false
 	if end != nil {
 		st.stopped = true
+		// before idle is closed: a stop that waited for this step then
+		// finds the end (a slow client's, say) instead of losing it. The
+		// channel holds the one end a stream has.
+		st.done <- *end
+	}
+	if st.idle != nil {
+		close(st.idle)
+		st.idle = nil
 	}
 	if again {
 		st.queued = true
 	}
 	st.mu.Unlock()
-	if end != nil {
-		st.done <- *end
-	}
 	if again {
 		d.push(s)
 	}
