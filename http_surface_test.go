@@ -479,7 +479,11 @@ func testStalledH2Stream(t *testing.T, bounds string) {
 			t.Fatal("the healthy stream got nothing after the stalled one was reset")
 		}
 	}
-	// the stalled client was slow: it is throttled
+	// the stalled client was slow: it is throttled once its end is counted
+	// (the reset reaches the client before that)
+	eventually(t, "the slow client's end to be counted", func() bool {
+		return metric(t, srv.scrape(), "caddy_sse_slow_client_disconnects_total") >= 1
+	})
 	assertError(t, do(t, http.MethodGet, srv.base+"/events?channels=a", nil, ""), 429, "throttled")
 	if dropped := metric(t, srv.scrape(), "caddy_sse_events_dropped_total"); bounds != "" && dropped != 0 {
 		t.Fatalf("%v events dropped: the queue overflowed, the blocked write was not what ended the stream", dropped)

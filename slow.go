@@ -49,9 +49,20 @@ func (s *stream) endedSlow(err error) bool {
 	return errors.Is(err, errSlowWrite)
 }
 
-// throttleSlowClient counts and logs a slow client's disconnection and
-// refuses it for the throttle period.
+// throttleSlowClient refuses a slow client for the throttle period, then
+// counts and logs its disconnection: once it is counted, the client is
+// refused (its stream's end reaches it before this runs, and it may come
+// back at once).
 func (h *Handler) throttleSlowClient(ctx context.Context, s *stream, who client, lasted time.Duration) {
+	if h.throttleOn() {
+		// the request's context may be canceled already: the failed write
+		// that made the client slow closes an HTTP/1 connection
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), throttleCallTimeout)
+		defer cancel()
+		if err := h.hub.Throttles().Throttle(ctx, h.throttleKey(who), time.Duration(h.Throttle)); err != nil {
+			h.logger.Warn("could not throttle a slow client", zap.String("principal", who.principal), zap.Error(err))
+		}
+	}
 	h.metrics.slowClient()
 	h.logger.Info("slow client disconnected",
 		zap.String("principal", who.principal),
@@ -59,14 +70,4 @@ func (h *Handler) throttleSlowClient(ctx context.Context, s *stream, who client,
 		zap.Strings("channels", s.names),
 		zap.Duration("duration", lasted),
 		zap.Duration("throttle", max(time.Duration(h.Throttle), 0)))
-	if !h.throttleOn() {
-		return
-	}
-	// the request's context may be canceled already: the failed write
-	// that made the client slow closes an HTTP/1 connection
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), throttleCallTimeout)
-	defer cancel()
-	if err := h.hub.Throttles().Throttle(ctx, h.throttleKey(who), time.Duration(h.Throttle)); err != nil {
-		h.logger.Warn("could not throttle a slow client", zap.String("principal", who.principal), zap.Error(err))
-	}
 }
