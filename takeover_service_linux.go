@@ -242,7 +242,12 @@ func (l *pollLoop) closeOnGoroutine(s *stream, n *closeNotice, err error) {
 		if n != nil {
 			_ = tk.sayClosing(s, n)
 		} else {
-			_ = tk.bw.sendAll(nil, lastWordsTimeout)
+			// the end of a body: the client has the slow-client timeout
+			// to take it, as any write (net/http's end of a body waits
+			// too); a close hurries it to lastWordsTimeout (the sink's
+			// hurry; a stream closing already was hurried when its sink
+			// was made)
+			_ = tk.bw.Flush()
 		}
 		l.giveBack(slowResult{s: s, err: err, end: true})
 	}()
