@@ -26,26 +26,11 @@ func (h *Handler) keepsHandlerGoroutine(r *http.Request) bool {
 	return r.ProtoMajor >= 2 || h.loops == nil
 }
 
-// onOwnStack runs f, the stream's next step, on a goroutine of the
-// handler's step pool if the stream's handler goroutine stays with it, and
-// waits for it.
-func (s *stream) onOwnStack(f func() error) error {
-	if !s.ownStacks {
-		return f()
-	}
-	var err error
-	s.h.steps.run(func() { err = f() })
-	return err
-}
-
-// writeOnOwnStacks makes the stream's steps run on goroutines of their own
-// (onOwnStack).
-func (s *stream) writeOnOwnStacks() { s.ownStacks = true }
-
-// onOwnStackIf runs f on a goroutine of the step pool if own, and waits
-// for it. A panic in f is raised again on the calling goroutine, where
+// onOwnStack runs f on a goroutine of the step pool if own (the stream's
+// handler goroutine stays with it: keepsHandlerGoroutine), and waits for
+// it. A panic in f is raised again on the calling goroutine, where
 // net/http recovers it as it would have.
-func (h *Handler) onOwnStackIf(own bool, f func()) {
+func (h *Handler) onOwnStack(own bool, f func()) {
 	if !own {
 		f()
 		return

@@ -74,7 +74,6 @@ type stream struct {
 	mu        sync.Mutex
 	overflow  bool
 	begun     bool  // registered and counted (see begin, release)
-	ownStacks bool  // its steps run on goroutines of their own (stack.go)
 	shard     uint8 // the copy of the per-delivery metrics it writes: its event loop's, if it has one
 	beatDue   atomic.Bool
 	degraded  atomic.Bool // opened without its history; see degraded.go

@@ -29,7 +29,7 @@ func (h *Handler) subscribe(w http.ResponseWriter, r *http.Request) error {
 	var s *stream
 	var start startingPoint
 	var err error
-	h.onOwnStackIf(h.keepsHandlerGoroutine(r), func() { s, start, err = h.openStream(w, r) })
+	h.onOwnStack(h.keepsHandlerGoroutine(r), func() { s, start, err = h.openStream(w, r) })
 	if s == nil {
 		return err
 	}
@@ -98,9 +98,6 @@ func (h *Handler) openStream(w http.ResponseWriter, r *http.Request) (*stream, s
 	s.out = sw
 	s.setHurry(sw.hurry)
 	s.net.Store(sw)
-	if h.keepsHandlerGoroutine(r) {
-		s.writeOnOwnStacks()
-	}
 	opened = true
 	return s, start, nil
 }
@@ -113,9 +110,11 @@ func (h *Handler) serveStream(w http.ResponseWriter, r *http.Request, s *stream,
 	if sw, ok := s.out.(*httpStreamWriter); ok {
 		defer sw.end()
 	}
-	err := s.onOwnStack(func() error {
+	own := h.keepsHandlerGoroutine(r)
+	var err error
+	h.onOwnStack(own, func() {
 		s.begin(lastEventID(r) != "", start)
-		return s.open(r.Context(), start)
+		err = s.open(r.Context(), start)
 	})
 	if err == nil && h.takeOver(w, r, s) {
 		return true
@@ -123,10 +122,7 @@ func (h *Handler) serveStream(w http.ResponseWriter, r *http.Request, s *stream,
 	if err == nil {
 		err = h.drainer.serve(r.Context(), s)
 	}
-	_ = s.onOwnStack(func() error {
-		s.finish(r.Context(), err)
-		return nil
-	})
+	h.onOwnStack(own, func() { s.finish(r.Context(), err) })
 	return false
 }
 
