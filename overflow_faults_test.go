@@ -51,7 +51,15 @@ func TestOverflowDoesNotSilentlyDropLocalEvents(t *testing.T) {
 		if !ok {
 			t.Logf("the stream ended after %d events", events)
 			r := srv.subscribe("/events?channels=a", header("Last-Event-ID", *c.lastSeenID.Load()))
-			assertTruncatedEvent(t, r.next(), "a")
+			ev := r.next()
+			if ev.Type == "sse_degraded" {
+				// its history read (megabytes) outlasted read_timeout on a
+				// loaded box: it opened live-only (SPEC S9), and replays
+				// once Redis answers
+				t.Log("the reconnect opened degraded")
+				ev = r.next()
+			}
+			assertTruncatedEvent(t, ev, "a")
 			return
 		}
 		events++

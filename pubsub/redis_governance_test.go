@@ -528,6 +528,13 @@ func TestRedisThrottleMissedWhileARepairFailsIsApplied(t *testing.T) {
 	a, b := twoThrottleInstances(t, srv)
 	ctx := context.Background()
 	waitSynced(t, b.b, throttleChannel)
+	// a follows the announcements too, from now on: both subscriptions are
+	// counted below (a's made by its first throttle could be counted
+	// before b's was made again, and a wait for b's alone then missed it)
+	_, _ = a.Remaining(ctx, "x")
+	waitLoaded(t, a)
+	key := b.b.Key(throttleChannel)
+	srv.WaitShardSubscribers(t, key, 2)
 
 	// b cannot read the channel's history for a while
 	srv.MustCLI("ACL", "SETUSER", "b", "resetkeys", "~sse:throttle:*")
@@ -535,7 +542,7 @@ func TestRedisThrottleMissedWhileARepairFailsIsApplied(t *testing.T) {
 	if err := a.Throttle(ctx, "missed|1.2.3.4", time.Minute); err != nil { // while b resubscribes
 		t.Fatal(err)
 	}
-	srv.WaitShardSubscribers(t, b.b.Key(throttleChannel), 1)
+	srv.WaitShardSubscribers(t, key, 2)
 	time.Sleep(300 * time.Millisecond) // b's checks run, and fail
 	if err := a.Throttle(ctx, "next|1.2.3.4", time.Minute); err != nil {
 		t.Fatal(err)
