@@ -347,6 +347,39 @@ func TestLoopStreamEndedByItsHistoryEndsItsBody(t *testing.T) {
 	}
 }
 
+// The same end while the client's socket is full: the rest of the body and
+// its last chunk wait on a goroutine for the client, which has the
+// slow-client timeout to take them, as any write, not a close's one second
+// of last words (the client of a gap-ended stream is behind by definition).
+func TestLoopStreamEndedByItsHistoryWaitsForItsClient(t *testing.T) {
+	for _, ring := range []bool{false, true} {
+		t.Run(fmt.Sprintf("io_uring=%v", ring), func(t *testing.T) {
+			l, h := testLoop(t, ring), loopTestHandler()
+			h.SlowClientTimeout = caddy.Duration(10 * time.Second)
+			fd, peer := socketPair(t)
+			fill := make([]byte, 64<<10)
+			for {
+				if _, err := unix.Write(fd, fill); err != nil {
+					break // full: the client does not read
+				}
+			}
+			s := newStream(h, []string{"a"})
+			s.cursor[0].Pos = replay.Position{Epoch: 1, Seq: 1, Time: 100}
+			l.adopt(s, &tconn{loop: l, fd: int32(fd)})
+			s.Deliver(0, event(2, 200, "WRITTEN-BEFORE"))
+			s.Deliver(0, event(2, 300, "rewritten"))
+			l.serviceReady()
+			time.Sleep(2 * lastWordsTimeout) // the client reads again only now
+			got := readUntil(t, peer, "\r\n0\r\n\r\n")
+			if !strings.Contains(got, "data: WRITTEN-BEFORE\n") || strings.Contains(got, "rewritten") {
+				t.Fatalf("body ends %.300q", got[max(0, len(got)-300):])
+			}
+			waitReturned(t, l)
+			l.takeReturned()
+		})
+	}
+}
+
 // A stream whose goroutine said its last words (server_closing and the end
 // of the body) and gave it back just before the loop stopped is only
 // ended by the stop: it is not told server_closing a second time, after the
