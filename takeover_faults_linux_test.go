@@ -65,6 +65,17 @@ func socketPair(t *testing.T) (int, int) {
 	return fds[0], fds[1]
 }
 
+// fillSocket writes to the loop's end of a socket pair until it is full:
+// a client that does not read.
+func fillSocket(fd int) {
+	fill := make([]byte, 64<<10)
+	for {
+		if _, err := unix.Write(fd, fill); err != nil {
+			return
+		}
+	}
+}
+
 // readAvailable reads what the client's end holds now.
 func readAvailable(fd int) string {
 	var sb strings.Builder
@@ -247,12 +258,7 @@ func waitReturned(t *testing.T, l *pollLoop) {
 func TestLoopStoppingLeavesALentStreamsDescriptorToItsGoroutine(t *testing.T) {
 	l, h := testLoop(t, false), loopTestHandler()
 	fd, peer := socketPair(t)
-	fill := make([]byte, 64<<10)
-	for {
-		if _, err := unix.Write(fd, fill); err != nil {
-			break // full: the client does not read
-		}
-	}
+	fillSocket(fd)
 	s := newStream(h, []string{"a"})
 	l.adopt(s, &tconn{loop: l, fd: int32(fd)})
 	s.Deliver(0, event(1, 1, "OLD-STREAM-BYTES"))
@@ -288,7 +294,7 @@ func TestLoopStoppingLeavesALentStreamsDescriptorToItsGoroutine(t *testing.T) {
 	}
 	// the client sees its stream end
 	for deadline := time.Now().Add(5 * time.Second); ; {
-		n, err := unix.Read(peer, fill)
+		n, err := unix.Read(peer, make([]byte, 64<<10))
 		if n == 0 && err == nil {
 			break // end of stream
 		}
@@ -324,59 +330,45 @@ func TestLoopStoppingSaysTheLastWordsOfAStreamToldToClose(t *testing.T) {
 // A stream whose history was rewritten (a failover) ends on the loop as on
 // net/http: what it wrote of its batch before the event that contradicts
 // it, then the end of its body; not a connection cut mid-body with those
-// events dropped.
-func TestLoopStreamEndedByItsHistoryEndsItsBody(t *testing.T) {
-	for _, ring := range []bool{false, true} {
-		t.Run(fmt.Sprintf("io_uring=%v", ring), func(t *testing.T) {
-			l, h := testLoop(t, ring), loopTestHandler()
-			fd, peer := socketPair(t)
-			s := newStream(h, []string{"a"})
-			s.cursor[0].Pos = replay.Position{Epoch: 1, Seq: 1, Time: 100}
-			l.adopt(s, &tconn{loop: l, fd: int32(fd)})
-			s.Deliver(0, event(2, 200, "WRITTEN-BEFORE"))
-			s.Deliver(0, event(2, 300, "rewritten"))
-			l.serviceReady()
-			if !s.tk.Load().ended.Load() {
-				t.Fatal("the stream did not end")
-			}
-			body := decodeChunks(t, readUntil(t, peer, "0\r\n\r\n"))
-			if !strings.Contains(body, "data: WRITTEN-BEFORE\n") || strings.Contains(body, "rewritten") {
-				t.Fatalf("body %q", body)
-			}
-		})
-	}
-}
-
-// The same end while the client's socket is full: the rest of the body and
-// its last chunk wait on a goroutine for the client, which has the
+// events dropped. When the client's socket is full, the rest of the body
+// and its last chunk wait on a goroutine for the client, which has the
 // slow-client timeout to take them, as any write, not a close's one second
 // of last words (the client of a gap-ended stream is behind by definition).
-func TestLoopStreamEndedByItsHistoryWaitsForItsClient(t *testing.T) {
+func TestLoopStreamEndedByItsHistoryEndsItsBody(t *testing.T) {
 	for _, ring := range []bool{false, true} {
-		t.Run(fmt.Sprintf("io_uring=%v", ring), func(t *testing.T) {
-			l, h := testLoop(t, ring), loopTestHandler()
-			h.SlowClientTimeout = caddy.Duration(10 * time.Second)
-			fd, peer := socketPair(t)
-			fill := make([]byte, 64<<10)
-			for {
-				if _, err := unix.Write(fd, fill); err != nil {
-					break // full: the client does not read
+		for _, full := range []bool{false, true} {
+			t.Run(fmt.Sprintf("io_uring=%v,socket_full=%v", ring, full), func(t *testing.T) {
+				l, h := testLoop(t, ring), loopTestHandler()
+				h.SlowClientTimeout = caddy.Duration(10 * time.Second)
+				fd, peer := socketPair(t)
+				if full {
+					fillSocket(fd)
 				}
-			}
-			s := newStream(h, []string{"a"})
-			s.cursor[0].Pos = replay.Position{Epoch: 1, Seq: 1, Time: 100}
-			l.adopt(s, &tconn{loop: l, fd: int32(fd)})
-			s.Deliver(0, event(2, 200, "WRITTEN-BEFORE"))
-			s.Deliver(0, event(2, 300, "rewritten"))
-			l.serviceReady()
-			time.Sleep(2 * lastWordsTimeout) // the client reads again only now
-			got := readUntil(t, peer, "\r\n0\r\n\r\n")
-			if !strings.Contains(got, "data: WRITTEN-BEFORE\n") || strings.Contains(got, "rewritten") {
-				t.Fatalf("body ends %.300q", got[max(0, len(got)-300):])
-			}
-			waitReturned(t, l)
-			l.takeReturned()
-		})
+				s := newStream(h, []string{"a"})
+				s.cursor[0].Pos = replay.Position{Epoch: 1, Seq: 1, Time: 100}
+				l.adopt(s, &tconn{loop: l, fd: int32(fd)})
+				s.Deliver(0, event(2, 200, "WRITTEN-BEFORE"))
+				s.Deliver(0, event(2, 300, "rewritten"))
+				l.serviceReady()
+				if !full {
+					if !s.tk.Load().ended.Load() {
+						t.Fatal("the stream did not end")
+					}
+					body := decodeChunks(t, readUntil(t, peer, "0\r\n\r\n"))
+					if !strings.Contains(body, "data: WRITTEN-BEFORE\n") || strings.Contains(body, "rewritten") {
+						t.Fatalf("body %q", body)
+					}
+					return
+				}
+				time.Sleep(2 * lastWordsTimeout) // the client reads again only now
+				got := readUntil(t, peer, "\r\n0\r\n\r\n")
+				if !strings.Contains(got, "data: WRITTEN-BEFORE\n") || strings.Contains(got, "rewritten") {
+					t.Fatalf("body ends %.300q", got[max(0, len(got)-300):])
+				}
+				waitReturned(t, l)
+				l.takeReturned()
+			})
+		}
 	}
 }
 
