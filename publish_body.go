@@ -9,6 +9,7 @@ import (
 	"mime"
 	"mime/multipart"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -269,25 +270,37 @@ func hex4(raw []byte, at int) (int, bool) {
 }
 
 func readFormPublish(r *http.Request, mediaType string, limit int64) (*publishRequest, *rejection) {
-	var err error
+	// the body alone: the URL's query plays no part in a publish, and
+	// r.ParseForm, which parses it too, would refuse a valid body for a
+	// query it cannot parse (a semicolon, a bad escape) that JSON ignores
+	var form url.Values
+	var files map[string][]*multipart.FileHeader
 	if mediaType == "multipart/form-data" {
-		err = r.ParseMultipartForm(limit)
-		if r.MultipartForm != nil {
-			defer r.MultipartForm.RemoveAll()
+		mr, err := r.MultipartReader()
+		if err != nil {
+			return nil, readError(err)
 		}
+		mf, err := mr.ReadForm(limit)
+		if err != nil {
+			return nil, readError(err)
+		}
+		defer mf.RemoveAll()
+		form, files = mf.Value, mf.File
 	} else {
-		err = r.ParseForm()
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			return nil, readError(err)
+		}
+		if form, err = url.ParseQuery(string(body)); err != nil {
+			return nil, readError(err)
+		}
 	}
-	if err != nil {
-		return nil, readError(err)
-	}
-	form := r.PostForm
 	req := &publishRequest{channels: form["channel"], event: form.Get("event"), data: []byte(form.Get("data"))}
 	if len(form["event"]) > 1 || len(form["data"]) > 1 {
 		return nil, badRequest("body_invalid", "event and data may be given once")
 	}
-	if r.MultipartForm != nil {
-		if rej := fileData(req, r.MultipartForm.File, len(form["data"]) > 0); rej != nil {
+	if files != nil {
+		if rej := fileData(req, files, len(form["data"]) > 0); rej != nil {
 			return nil, rej
 		}
 	}
