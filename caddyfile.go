@@ -3,12 +3,15 @@ package caddysse
 import (
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
+
+	"github.com/caddy-sse/caddy-sse/replay"
 )
 
 func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
@@ -124,7 +127,14 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, name string) err
 	case "replay_limit":
 		return oneInt(d, &h.ReplayLimit)
 	case "max_channels":
-		return oneInt(d, &h.MaxChannels)
+		if err := oneInt(d, &h.MaxChannels); err != nil {
+			return err
+		}
+		if h.MaxChannels > replay.MaxCursorChannels {
+			// refused here too (Validate), to name the line
+			return d.Errf("max_channels: at most %d, got %d", replay.MaxCursorChannels, h.MaxChannels)
+		}
+		return nil
 	case "close_jitter":
 		return durationOrOff(d, &h.CloseJitter)
 	case "max_event_size":
@@ -148,7 +158,14 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, name string) err
 	case "max_connections_per_principal":
 		return oneInt(d, &h.MaxConnectionsPerPrincipal)
 	case "lease_ttl":
-		return oneDuration(d, &h.LeaseTTL)
+		if err := oneDuration(d, &h.LeaseTTL); err != nil {
+			return err
+		}
+		if time.Duration(h.LeaseTTL) < minLeaseTTL {
+			// refused here too (Validate), to name the line
+			return d.Errf("lease_ttl: at least %v, got %v", minLeaseTTL, time.Duration(h.LeaseTTL))
+		}
+		return nil
 	case "rejections":
 		return h.unmarshalRejections(d)
 	case "throttle":

@@ -299,3 +299,27 @@ func checkCaddyfileRanges(t *testing.T, input string, h *Handler) {
 		}
 	}
 }
+
+// A value out of its subdirective's range is refused naming the file and
+// line, not only when the config loads (Validate), where the error names
+// neither.
+func TestOutOfRangeValuesNameFileAndLine(t *testing.T) {
+	for _, tc := range []struct{ line, want string }{
+		{"max_channels 424", "max_channels: at most 423"},
+		{"lease_ttl 50ms", "lease_ttl: at least 100ms"},
+	} {
+		t.Run(tc.line, func(t *testing.T) {
+			input := ":8080 {\n\tsse /events {\n\t\tchannel a\n\t\t" + tc.line + "\n\t}\n}\n"
+			_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(input), map[string]any{"filename": "Caddyfile.test"})
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "Caddyfile.test:4") {
+				t.Fatalf("error %v, want %q naming Caddyfile.test:4", err, tc.want)
+			}
+		})
+	}
+	for _, line := range []string{"max_channels 423", "lease_ttl 100ms"} {
+		input := ":8080 {\n\tsse /events {\n\t\tchannel a\n\t\t" + line + "\n\t}\n}\n"
+		if _, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(input), map[string]any{"filename": "Caddyfile.test"}); err != nil {
+			t.Errorf("%s: %v", line, err)
+		}
+	}
+}
