@@ -58,6 +58,16 @@ local function num(x)
   return string.format('%.0f', x)
 end
 
+-- whole_ms reports whether x is a whole number of milliseconds from 1 to
+-- 2^52, as PEXPIRE and SET PX take. A fraction (a backend's 1.1 * 3600000
+-- is 3960000.0000000005), NaN or a huge value (written with an exponent)
+-- was refused by them only after the event was appended: the caller was
+-- told the publish failed, every instance delivered it anyway, and each
+-- retry added another.
+local function whole_ms(x)
+  return x ~= nil and x >= 1 and x <= 4503599627370496 and x == math.floor(x)
+end
+
 local function check_type(typ)
   if #typ > MAX_TYPE then
     return 'ERR sse: event type longer than 200 bytes'
@@ -133,8 +143,9 @@ local function publish(keys, args)
   local max_bytes = tonumber(args[5] or '') or 4194304
   local err = check_type(typ)
   if err then return redis.error_reply(err) end
-  if count < 1 or max_age < 1 or max_bytes < 1 then
-    return redis.error_reply('ERR sse: count, max_age_ms and max_bytes must be positive')
+  -- written so that NaN fails too (a NaN count or byte cap trimmed nothing)
+  if not (count >= 1 and max_bytes >= 1 and whole_ms(max_age)) then
+    return redis.error_reply('ERR sse: count and max_bytes must be positive, max_age_ms a positive integer')
   end
   if #data + #typ + OVERHEAD > max_bytes then
     return redis.error_reply('ERR sse: event larger than max_bytes')
@@ -190,8 +201,8 @@ local function publish_once(keys, args)
   if token == '' or string.find(token, '[^%w_-]') or #token > 64 then
     return redis.error_reply('ERR sse: the token must be 1 to 64 letters, digits, - or _')
   end
-  if ttl == nil or ttl < 1 then
-    return redis.error_reply('ERR sse: ttl_ms must be positive')
+  if not whole_ms(ttl) then
+    return redis.error_reply('ERR sse: ttl_ms must be a positive integer')
   end
   local pkey = keys[1] .. ':p:' .. token
   local kept = redis.call('GET', pkey)

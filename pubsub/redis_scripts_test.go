@@ -165,3 +165,55 @@ func TestRedisUserWithoutChannelsPublishesNothing(t *testing.T) {
 		}
 	}
 }
+
+// A backend that publishes straight into Redis with limits Redis cannot
+// take as a time (max_age_ms or ttl_ms a fraction, as a float computed by
+// the backend gives: 1.1 * 3600000 is 3960000.0000000005; NaN; a huge
+// value) or a NaN count or byte cap is refused before anything is written.
+// PEXPIRE and SET PX refused them at the end of the function, after the
+// event was appended: the backend was told the publish failed while every
+// instance delivered the event (a check found it), and each retry added
+// another; a NaN count or byte cap was accepted and trimmed nothing.
+func TestDirectPublishWithLimitsRedisCannotTakeWritesNothing(t *testing.T) {
+	rds := redistest.Start(t)
+	rds.MustCLI("FUNCTION", "LOAD", "REPLACE", RedisFunctions())
+	script, err := os.ReadFile("redis_eval_publish.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	once, err := os.ReadFile("redis_eval_publish_once.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const key = "sse:{a}"
+	v1 := func(limits ...string) []string {
+		return append([]string{"FCALL", FunctionPublish, "1", key, "t", "x"}, limits...)
+	}
+	onceV2 := func(ttl string) []string {
+		return []string{"FCALL", FunctionPublishOnce, "3", key + ":m", key + ":s", key + ":p:tok", "tok", ttl, "t", "x"}
+	}
+	for _, call := range [][]string{
+		v1("1000", "3960000.0000000005"),
+		v1("1000", "1e17"),
+		v1("1000", "inf"),
+		v1("1000", "nan"),
+		v1("nan"),
+		v1("1000", "86400000", "nan"),
+		{"EVAL", string(script), "1", key, "t", "x", "1000", "3960000.0000000005"},
+		onceV2("30000.5"),
+		onceV2("nan"),
+		{"EVAL", string(once), "3", key + ":m", key + ":s", key + ":p:tok", "tok", "30000.5", "t", "x"},
+	} {
+		out, err := rds.CLI(call...)
+		if err != nil || !strings.HasPrefix(out, "ERR sse:") {
+			t.Errorf("%q: %v %q, want an sse error", call[len(call)-3:], err, out)
+		}
+		if n := rds.MustCLI("XLEN", key+":s"); n != "0" {
+			t.Fatalf("%q was refused, yet the history has %s events", call[len(call)-3:], n)
+		}
+	}
+	rds.MustCLI(v1("1000", "86400000")...)
+	if n := rds.MustCLI("XLEN", key+":s"); n != "1" {
+		t.Fatalf("a valid publish: the history has %s events", n)
+	}
+}
