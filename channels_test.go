@@ -41,6 +41,10 @@ func TestChannelTemplateListsKeepTheTemplatesText(t *testing.T) {
 		{[]string{"public:" + topics}, "/?t=a&t=b", "[public:a public:b]"},
 		{[]string{"public:" + topics}, "/?t=a,%20b", "[public:a public:b]"},
 		{[]string{"public:" + topics + ":x"}, "/?t=a,b", "[public:a:x public:b:x]"},
+		// a backslash is text (only one before a brace escapes it): the
+		// template was left to the replacer whole, and its list items
+		// lost the text around them
+		{[]string{`pre\x:` + topics}, "/?t=a,user:victim", `[pre\x:a pre\x:user:victim]`},
 		{[]string{topics}, "/?t=a,b,a", "[a b]"},
 		{[]string{"news," + topics}, "/?t=x,y", "[news x y]"},
 		{[]string{"u:{http.request.uri.query.u}:" + topics}, "/?u=1&t=a,b", "[u:1:a u:1:b]"},

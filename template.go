@@ -46,8 +46,12 @@ const (
 
 func compileTemplate(raw string) template {
 	t := template{raw: raw}
-	if strings.Contains(raw, `\`) {
-		return t // escaped braces: leave them to the replacer
+	if strings.Contains(raw, `\{`) || strings.Contains(raw, `\}`) {
+		// escaped braces: leave them to the replacer. Only a backslash
+		// before a brace escapes (elsewhere the replacer keeps it as
+		// text): a template such as `tenant\a:{query.topics}` is compiled,
+		// so that its text stays around each item of a list
+		return t
 	}
 	var parts []templatePart
 	rest := raw

@@ -53,6 +53,7 @@ func TestCompiledTemplatesAgreeWithTheReplacer(t *testing.T) {
 		{"{http.request.bogus}", "", false},             // unknown: the replacer
 		{"{http.request.uri.query.user:def}", "", true}, // a default: the replacer decides
 		{`\{literal\}`, "", true},
+		{`a\b:{http.request.uri.query.channels}`, `a\b:a,b`, true},
 	}
 	for _, tc := range cases {
 		got, ok := resolveBoth(t, tc.raw, r)
@@ -60,7 +61,7 @@ func TestCompiledTemplatesAgreeWithTheReplacer(t *testing.T) {
 			t.Errorf("%q = (%q, %v), want (%q, %v)", tc.raw, got, ok, tc.want, tc.ok)
 		}
 	}
-	for _, raw := range []string{"{http.request.uri.query.channels}", "user:{http.request.header.X-User}", "news"} {
+	for _, raw := range []string{"{http.request.uri.query.channels}", "user:{http.request.header.X-User}", "news", `a\b:{http.request.uri.query.channels}`} {
 		if compileTemplate(raw).parts == nil {
 			t.Errorf("%q is not compiled", raw)
 		}
@@ -72,6 +73,7 @@ func FuzzCompiledTemplatesAgreeWithTheReplacer(f *testing.F) {
 	f.Add("x:{http.request.header.X-A}:{http.request.uri.query.c}", "c=a&c=b", "x-a", "")
 	f.Add("{{http.request.uri.query.c}}", "c=}", "X-A", "{")
 	f.Add("a}b{http.request.header.}", "", "", "")
+	f.Add(`a\b:{http.request.uri.query.c\}\{http.request.header.X\A}\`, `c\=a\`, `X\A`, `\`)
 	f.Fuzz(func(t *testing.T, raw, query, header, value string) {
 		r := httptest.NewRequest(http.MethodGet, "/", nil)
 		r.URL.RawQuery = query
