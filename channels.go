@@ -139,24 +139,25 @@ func collidingChannels(names []string, cursor []replay.ChannelPosition) *rejecti
 }
 
 // channels gives add the channel names a template resolves to. Commas in
-// the template's own text separate channels; a placeholder whose value is
-// a comma-separated list (or a repeated query parameter) names one channel
-// per item, each with the template's text around it: public:{query.topics}
-// with topics=a,b is public:a and public:b, never public:a and b — the
-// template's text is what confines a client to its channels. One
-// placeholder per channel may be a list.
+// the template's own text separate channels; a query placeholder whose
+// value is a comma-separated list (or a repeated parameter) names one
+// channel per item, each with the template's text around it:
+// public:{query.topics} with topics=a,b is public:a and public:b, never
+// public:a and b — the template's text is what confines a client to its
+// channels. One placeholder per channel may be a list.
+//
+// Only the query lists channels: it is where a client chooses them. Any
+// other value — a header, a user id from authentication, a client
+// certificate's subject (which holds commas), a variable — names one
+// channel, whole: split, user:{http.auth.user.id} would give a user named
+// "alice,bob" bob's channel. A comma makes that one name invalid (400).
 func (t template) channels(r *http.Request, repl *caddy.Replacer, add func(string) *rejection) *rejection {
 	if t.parts == nil { // escaped or nested braces: the replacer's whole value
 		value, ok := t.resolve(r, repl)
 		if !ok || strings.TrimSpace(value) == "" {
 			return t.unresolved()
 		}
-		for _, name := range strings.Split(value, ",") {
-			if rej := add(name); rej != nil {
-				return rej
-			}
-		}
-		return nil
+		return add(value)
 	}
 	// an invalid item (400) is told only once every placeholder resolved:
 	// an unresolved one (403) comes first (SPEC S2 step 2)
@@ -180,8 +181,11 @@ func (t template) channels(r *http.Request, repl *caddy.Replacer, add func(strin
 			}
 		case !ok || strings.TrimSpace(value) == "":
 			return t.unresolved() // a blank value names no channel: seed 002
-		case strings.Contains(value, ","):
+		case strings.Contains(value, ",") && p.kind == partQuery:
 			keep(item.list(t.raw, value))
+		case strings.Contains(value, ","):
+			keep(&rejection{status: 400, code: "channel_invalid", detail: fmt.Sprintf(
+				"template %q: the value of %s holds a comma; only a query parameter may list channels", t.raw, p.name())})
 		default:
 			item.text(value)
 		}

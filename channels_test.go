@@ -1,7 +1,9 @@
 package caddysse
 
 import (
+	"encoding/base64"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -48,7 +50,12 @@ func TestChannelTemplateListsKeepTheTemplatesText(t *testing.T) {
 		{[]string{topics}, "/?t=a,b,a", "[a b]"},
 		{[]string{"news," + topics}, "/?t=x,y", "[news x y]"},
 		{[]string{"u:{http.request.uri.query.u}:" + topics}, "/?u=1&t=a,b", "[u:1:a u:1:b]"},
-		{[]string{"p:{http.request.uri.path}"}, "/a,b", "[p:/a p:b]"}, // through the replacer
+		// only the query lists channels: any other value is one name, and
+		// a comma makes it invalid
+		{[]string{"p:{http.request.uri.path}"}, "/a,b", "channel_invalid"}, // through the replacer
+		{[]string{"p:{http.request.uri.path}"}, "/a", "[p:/a]"},
+		{[]string{"{http.request.uri.query.t}:{http.request.uri.path}"}, "/a,b?t=x", "channel_invalid"},
+		{[]string{"{http.request.uri.path}:{http.request.uri.query.u}"}, "/a,b", "channel_unresolved"}, // 403 before 400
 		{[]string{"{http.request.uri.query.a}-{http.request.uri.query.b}"}, "/?a=1,2&b=3,4", "channel_invalid"},
 		{[]string{"public:" + topics}, "/?t=a,,b", "channel_invalid"},
 		{[]string{"public:" + topics}, "/?t=a,", "channel_invalid"},
@@ -73,9 +80,63 @@ func TestChannelTemplateListsKeepTheTemplatesText(t *testing.T) {
 			t.Errorf("%v on %s: %s, want %s", tc.templates, tc.target, got, tc.want)
 		}
 	}
-	names, rej := expandChannels(t, []string{"w:{http.request.header.X-Wallet}"}, "/", http.Header{"X-Wallet": {"a, b"}})
-	if rej != nil || fmt.Sprint(names) != "[w:a w:b]" {
-		t.Errorf("a header list: %v %v", names, rej)
+	for _, values := range [][]string{{"a, b"}, {"a", "b"}} {
+		names, rej := expandChannels(t, []string{"w:{http.request.header.X-Wallet}"}, "/", http.Header{"X-Wallet": values})
+		if rej == nil || rej.code != "channel_invalid" {
+			t.Errorf("a header of %q: %v %v, want channel_invalid (a header names one channel)", values, names, rej)
+		}
+	}
+}
+
+// A value from authentication names one channel, whole: split at its
+// commas, a user named "alice,bob" got bob's channel from
+// user:{http.auth.user.id}, and a client certificate's subject ("CN=alice,
+// O=Example") the channel of everyone in its organization.
+func TestAnIdentityWithACommaNamesNoOtherChannel(t *testing.T) {
+	const pw = "$2a$04$zq6zgeepS0RPbHhdxac/9OUWX0Zoof7AlzCU.W3jpCx0AhpKyaRDa" // "pw", bcrypt cost 4
+	srv := startCaddy(t, `
+:{PORT} {
+	route /user {
+		basic_auth {
+			"alice,bob" `+pw+`
+			bob `+pw+`
+		}
+		sse {
+			channel user:{http.auth.user.id}
+		}
+	}
+	sse /events {
+		publish {
+			secret `+testSecret+`
+		}
+	}
+}
+`)
+	basic := func(user string) string {
+		return "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":pw"))
+	}
+	req, err := http.NewRequest(http.MethodGet, srv.base+"/user", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", basic("alice,bob"))
+	resp, err := requestClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := []byte("(a stream)")
+	if resp.StatusCode != http.StatusOK {
+		body, _ = io.ReadAll(resp.Body)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), `"channel_invalid"`) {
+		t.Fatalf("the user \"alice,bob\": %d %s, want 400 channel_invalid", resp.StatusCode, body)
+	}
+	c := srv.subscribe("/user", header("Authorization", basic("bob")))
+	defer c.close()
+	srv.publish("/events", map[string]any{"channel": "user:bob", "data": "for bob"})
+	if got := c.next().Data; got != "for bob" {
+		t.Fatalf("bob got %q", got)
 	}
 }
 
@@ -141,9 +202,9 @@ func TestTooManyChannelsAreRefusedWithoutKeepingThemAll(t *testing.T) {
 
 // FuzzChannelTemplateKeepsItsText: a template of text around one query or
 // header placeholder names, for any value, the channels made of that text
-// around the value, or around each item of a list (the white space around
-// each item and each name trimmed), and nothing else; a blank value is
-// unresolved, and every name is a valid channel name.
+// around the value, or, for a query, around each item of a list (the white
+// space around each item and each name trimmed), and nothing else; a blank
+// value is unresolved, and every name is a valid channel name.
 func FuzzChannelTemplateKeepsItsText(f *testing.F) {
 	f.Add("public:", "", "news", false)
 	f.Add("public:", ":x", "news,user:victim", false)
@@ -170,7 +231,7 @@ func FuzzChannelTemplateKeepsItsText(f *testing.F) {
 		h := &Handler{MaxChannels: DefaultMaxChannels, channelTemplates: []template{compileTemplate(raw)}}
 		names, rej := h.resolveChannels(r, replacerFor(r))
 
-		wantCode, wantNames := expectedChannels(before, after, value, h.MaxChannels)
+		wantCode, wantNames := expectedChannels(before, after, value, r.URL.RawQuery != "", h.MaxChannels)
 		gotCode := ""
 		if rej != nil {
 			gotCode = rej.code
@@ -191,14 +252,15 @@ func FuzzChannelTemplateKeepsItsText(f *testing.F) {
 
 // expectedChannels is what a template of text around one placeholder
 // names for the placeholder's value, following the README: the value is
-// one channel, or a list of them if it has a comma; each list item is
-// trimmed and must not be empty; each name is trimmed and must be valid.
-func expectedChannels(before, after, value string, maxChannels int) (code string, names []string) {
+// one channel, or, for a query parameter (query), a list of them if it has
+// a comma; each list item is trimmed and must not be empty; each name is
+// trimmed and must be valid.
+func expectedChannels(before, after, value string, query bool, maxChannels int) (code string, names []string) {
 	if strings.TrimSpace(value) == "" {
 		return "channel_unresolved", nil
 	}
 	items := []string{value}
-	if strings.Contains(value, ",") {
+	if query && strings.Contains(value, ",") {
 		items = strings.Split(value, ",")
 		for i := range items {
 			if items[i] = strings.TrimSpace(items[i]); items[i] == "" {

@@ -113,6 +113,17 @@ func (t template) resolve(r *http.Request, repl *caddy.Replacer) (string, bool) 
 	return b.String(), true
 }
 
+// name is the placeholder as a template writes it in full.
+func (p templatePart) name() string {
+	switch p.kind {
+	case partQuery:
+		return "{" + queryPrefix + p.value + "}"
+	case partHeader:
+		return "{" + headerPrefix + p.value + "}"
+	}
+	return p.value
+}
+
 // resolve returns the part's value; ok is false for an unknown or empty
 // placeholder.
 func (p templatePart) resolve(r *http.Request, repl *caddy.Replacer) (string, bool) {
