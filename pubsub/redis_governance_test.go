@@ -610,3 +610,31 @@ func TestRedisThrottlesAskRedisWhileTheirSubscriptionIsRefused(t *testing.T) {
 		t.Fatalf("a throttle of another instance while the announcements' subscription is refused: %v left (%v), want about a minute", left, err)
 	}
 }
+
+// A slow client that an instance throttles while Redis has been down since
+// the instance started (its announcements never loaded) is refused by that
+// instance for the throttle's time, as it is when Redis goes down later:
+// the throttle fails open on the other instances only, which cannot know it.
+// The lookup used to ask the unreachable Redis alone and admit the client.
+func TestRedisThrottleOfThisInstanceAppliesWhileRedisIsDownSinceStart(t *testing.T) {
+	hub, err := NewRedisHub(RedisOptions{
+		Addrs:       []string{fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))}, // nothing listens there
+		DialTimeout: 300 * time.Millisecond,
+		MaxRetries:  -1,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = hub.Close() })
+	throttles := hub.Throttles()
+	ctx := context.Background()
+	if err := throttles.Throttle(ctx, "k|1.2.3.4", time.Minute); err == nil {
+		t.Fatal("throttling in a Redis that is down: no error")
+	}
+	if left, err := throttles.Remaining(ctx, "k|1.2.3.4"); left < 50*time.Second {
+		t.Fatalf("the throttle this instance set while Redis is down: %v left (%v), want about a minute", left, err)
+	}
+	if left, err := throttles.Remaining(ctx, "k|5.6.7.8"); left != 0 || err == nil {
+		t.Fatalf("another client while Redis is down: %v left (%v), want none and Redis' error (the caller fails open)", left, err)
+	}
+}

@@ -97,13 +97,21 @@ func (r *RedisThrottles) Throttle(ctx context.Context, key string, d time.Durati
 }
 
 // Remaining returns how long key is still refused: from memory once the
-// announcements are loaded, from Redis until then.
+// announcements are loaded; until then from what is known in memory
+// already, else from Redis.
 func (r *RedisThrottles) Remaining(ctx context.Context, key string) (time.Duration, error) {
 	if r.hub != nil {
 		r.following()
 		if r.waitLoaded(ctx) {
 			return r.known.Remaining(ctx, key)
 		}
+	}
+	// not loaded yet (or the announcements do not arrive): what this
+	// instance knows applies still — its own throttles, and those announced
+	// so far — so that a slow client it cut while Redis is down, since the
+	// start, is refused as it is once loaded; Redis is asked for the others
+	if left, _ := r.known.Remaining(ctx, key); left > 0 {
+		return left, nil
 	}
 	ctx, cancel, err := r.b.admissionCall(ctx, r.key(key))
 	defer cancel()
