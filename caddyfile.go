@@ -10,8 +10,6 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
-
-	"github.com/caddy-sse/caddy-sse/replay"
 )
 
 func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
@@ -130,9 +128,8 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, name string) err
 		if err := oneInt(d, &h.MaxChannels); err != nil {
 			return err
 		}
-		if h.MaxChannels > replay.MaxCursorChannels {
-			// refused here too (Validate), to name the line
-			return d.Errf("max_channels: at most %d, got %d", replay.MaxCursorChannels, h.MaxChannels)
+		if err := checkMaxChannels(h.MaxChannels); err != nil {
+			return d.Err(err.Error()) // Validate refuses it too, without the line
 		}
 		return nil
 	case "close_jitter":
@@ -161,9 +158,8 @@ func (h *Handler) unmarshalSubdirective(d *caddyfile.Dispenser, name string) err
 		if err := oneDuration(d, &h.LeaseTTL); err != nil {
 			return err
 		}
-		if time.Duration(h.LeaseTTL) < minLeaseTTL {
-			// refused here too (Validate), to name the line
-			return d.Errf("lease_ttl: at least %v, got %v", minLeaseTTL, time.Duration(h.LeaseTTL))
+		if err := checkLeaseTTL(time.Duration(h.LeaseTTL)); err != nil {
+			return d.Err(err.Error()) // Validate refuses it too, without the line
 		}
 		return nil
 	case "rejections":

@@ -489,7 +489,6 @@ func (h *Handler) validateLimits() error {
 		{h.HistoryMaxAge > 0, "history max age must be positive"},
 		{h.ReplayLimit > 0, "replay_limit must be positive"},
 		{h.MaxChannels > 0, "max_channels must be positive"},
-		{h.MaxChannels <= replay.MaxCursorChannels, fmt.Sprintf("max_channels must be at most %d: a stream's Last-Event-ID holds a position for each of its channels and must stay under %d bytes", replay.MaxCursorChannels, replay.MaxCursorLen)},
 		{h.MaxEventSize > 0, "max_event_size must be positive"},
 		{h.HistoryBytes >= h.MaxEventSize+wire.MaxEventTypeLen+pubsub.EntryOverhead,
 			fmt.Sprintf("history_bytes must be at least max_event_size plus %d bytes (the largest event type, and an entry's own cost)", wire.MaxEventTypeLen+pubsub.EntryOverhead)},
@@ -499,13 +498,32 @@ func (h *Handler) validateLimits() error {
 		{h.MaxConnections >= 0, "max_connections must not be negative"},
 		{h.MaxConnectionsPerPrincipal >= 0, "max_connections_per_principal must not be negative"},
 		{h.MaxConnectionsPerPrincipal == 0 || h.Principal != "", "max_connections_per_principal needs a principal"},
-		{time.Duration(h.LeaseTTL) >= minLeaseTTL, "lease_ttl must be at least 100ms (leases are renewed every third of it)"},
 		{h.Rejections == rejectionsStatus || h.Rejections == rejectionsInStream, "rejections must be status or in_stream"},
 	}
 	for _, c := range checks {
 		if !c.ok {
 			return errors.New(c.msg)
 		}
+	}
+	if err := checkMaxChannels(h.MaxChannels); err != nil {
+		return err
+	}
+	return checkLeaseTTL(time.Duration(h.LeaseTTL))
+}
+
+// checkMaxChannels and checkLeaseTTL are the bounds of one setting each,
+// which the Caddyfile checks too, to name the line.
+func checkMaxChannels(n int) error {
+	if n > replay.MaxCursorChannels {
+		return fmt.Errorf("max_channels: at most %d, got %d (a stream's Last-Event-ID holds a position for each of its channels and must stay under %d bytes)",
+			replay.MaxCursorChannels, n, replay.MaxCursorLen)
+	}
+	return nil
+}
+
+func checkLeaseTTL(d time.Duration) error {
+	if d < minLeaseTTL {
+		return fmt.Errorf("lease_ttl: at least %v, got %v (leases are renewed every third of it)", minLeaseTTL, d)
 	}
 	return nil
 }
