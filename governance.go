@@ -132,24 +132,57 @@ func (h *Handler) admit(ctx context.Context, c client) (*admission, *rejection, 
 	}
 	key := h.principalKey(c)
 	a := &admission{census: h.hub.Census(), principal: key}
+	if h.MaxConnections > 0 && a.census.Total() >= h.MaxConnections {
+		return nil, h.refusalWhenFull(ctx, c, key), h.capRetryAfter()
+	}
 	if h.MaxConnectionsPerPrincipal > 0 {
 		lease, err := h.hub.Leases().Acquire(ctx, key, h.MaxConnectionsPerPrincipal, time.Duration(h.LeaseTTL))
 		switch {
 		case errors.Is(err, pubsub.ErrLimitReached):
-			return nil, &rejection{status: http.StatusTooManyRequests, code: "too_many_connections", detail: fmt.Sprintf("at most %d streams per principal", h.MaxConnectionsPerPrincipal)}, h.capRetryAfter()
+			return nil, h.tooManyConnections(), h.capRetryAfter()
 		case err != nil:
 			h.logger.Warn("connection cap unavailable; admitting the stream", zap.String("principal", c.principal), zap.Error(err))
 		default:
 			a.lease = lease
 		}
 	}
-	if !a.census.Enter(key, h.MaxConnections) {
+	if !a.census.Enter(key, h.MaxConnections) { // filled up since the check above
 		if a.lease != nil {
 			a.lease.Release()
 		}
-		return nil, &rejection{status: http.StatusServiceUnavailable, code: "server_full", detail: "this server holds as many streams as it may"}, h.capRetryAfter()
+		return nil, serverFull, h.capRetryAfter()
 	}
 	return a, nil, 0
+}
+
+// serverFull is the refusal of a stream over the instance cap.
+var serverFull = &rejection{status: http.StatusServiceUnavailable, code: "server_full", detail: "this server holds as many streams as it may"}
+
+// tooManyConnections is the refusal of a stream over its principal's cap.
+func (h *Handler) tooManyConnections() *rejection {
+	return &rejection{status: http.StatusTooManyRequests, code: "too_many_connections", detail: fmt.Sprintf("at most %d streams per principal", h.MaxConnectionsPerPrincipal)}
+}
+
+// refusalWhenFull is the refusal of a stream by a full instance: the
+// principal's cap if it is reached (SPEC S2 checks it first), else the
+// instance's. It counts the principal's streams without taking a lease: one
+// taken only to be given back would count against the principal on every
+// instance for that round trip, so a client hammering a full instance would
+// have its principal's streams refused elsewhere. An unreachable count
+// fails open to server_full.
+func (h *Handler) refusalWhenFull(ctx context.Context, c client, key string) *rejection {
+	if h.MaxConnectionsPerPrincipal <= 0 {
+		return serverFull
+	}
+	held, err := h.hub.Leases().Held(ctx, key)
+	if err != nil {
+		h.logger.Warn("connection cap unavailable; refusing the stream for the instance cap", zap.String("principal", c.principal), zap.Error(err))
+		return serverFull
+	}
+	if held >= h.MaxConnectionsPerPrincipal {
+		return h.tooManyConnections()
+	}
+	return serverFull
 }
 
 // capRetryAfter is the Retry-After of a refusal for a cap.

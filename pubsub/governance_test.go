@@ -52,7 +52,7 @@ func TestMemoryLeasesCapConcurrentAcquires(t *testing.T) {
 	if _, err := l.Acquire(ctx, "p", limit, time.Second); !errors.Is(err, ErrLimitReached) {
 		t.Fatalf("a double release made room for two: %v", err)
 	}
-	if held := l.Held("p"); held != limit {
+	if held, _ := l.Held(ctx, "p"); held != limit {
 		t.Fatalf("held %d, want %d", held, limit)
 	}
 }

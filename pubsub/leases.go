@@ -21,8 +21,15 @@ var ErrLimitReached = errors.New("pubsub: connection limit reached")
 // its leases alive from the instance (one batched renewal, never from
 // stream traffic) and lets them lapse within ttl after the instance is
 // gone. An implementation local to one process ignores it.
+//
+// Held counts principal's leases without taking one (across every instance
+// for a shared implementation; a lease released here and not yet removed
+// is not counted): an instance that is full refuses a stream with the
+// right code without a lease that, taken only to be given back, would
+// count against the principal on every instance for that round trip.
 type Leases interface {
 	Acquire(ctx context.Context, principal string, limit int, ttl time.Duration) (Lease, error)
+	Held(ctx context.Context, principal string) (int, error)
 }
 
 // Lease is one stream's share of its principal's cap. Release gives it
@@ -79,10 +86,10 @@ func (m *MemoryLeases) Acquire(_ context.Context, principal string, limit int, _
 }
 
 // Held returns how many leases principal holds.
-func (m *MemoryLeases) Held(principal string) int {
+func (m *MemoryLeases) Held(_ context.Context, principal string) (int, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.held[principal]
+	return m.held[principal], nil
 }
 
 func (m *MemoryLeases) release(principal string) {

@@ -638,3 +638,47 @@ func TestRedisThrottleOfThisInstanceAppliesWhileRedisIsDownSinceStart(t *testing
 		t.Fatalf("another client while Redis is down: %v left (%v), want none and Redis' error (the caller fails open)", left, err)
 	}
 }
+
+// Held counts a principal's live leases across instances without taking
+// one: another instance's count, a lapsed lease not, and a lease released
+// here whose removal has not run yet not either (maintain is kept from
+// starting, so the release stays pending).
+func TestRedisLeasesHeldCountsWithoutTaking(t *testing.T) {
+	srv := redistest.Start(t)
+	here := NewRedisLeases(newTestRedis(t, srv))
+	here.running = true // no maintain: releases stay pending
+	other := NewRedisLeases(newTestRedis(t, srv))
+	defer other.Close()
+	ctx := context.Background()
+	if _, err := other.Acquire(ctx, "p", 0, 15*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	kept, err := here.Acquire(ctx, "p", 0, 15*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	released, err := here.Acquire(ctx, "p", 0, 15*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	released.Release()
+	key := here.key("p")
+	srv.MustCLI("ZADD", key, "1", "lapsed-instance:1")
+	if n := srv.MustCLI("ZCARD", key); n != "4" {
+		t.Fatalf("%s members, want 4 (the pending release and the lapsed lease still in the set)", n)
+	}
+	if n, err := here.Held(ctx, "p"); err != nil || n != 2 {
+		t.Fatalf("held %d, %v; want 2 (one lease here, one on the other instance)", n, err)
+	}
+	if n := srv.MustCLI("ZCARD", key); n != "4" {
+		t.Fatalf("Held wrote to the set: %s members", n)
+	}
+	if n, err := here.Held(ctx, "nobody"); err != nil || n != 0 {
+		t.Fatalf("held by nobody: %d, %v", n, err)
+	}
+	kept.Release()
+	srv.Kill()
+	if _, err := here.Held(ctx, "p"); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("held with Redis gone: %v, want ErrUnavailable", err)
+	}
+}

@@ -428,6 +428,44 @@ func (r *RedisLeases) removed() {
 	}
 }
 
+// Held returns how many live leases principal holds across every instance,
+// less those this instance released and has not removed yet (an Acquire
+// would remove them first). It only reads: one ZCOUNT, and a ZMSCORE of
+// the released ones when there are any. An unreachable Redis returns
+// ErrUnavailable at once, as Acquire does.
+func (r *RedisLeases) Held(ctx context.Context, principal string) (int, error) {
+	key := r.key(principal)
+	ctx, cancel, err := r.b.admissionCall(ctx, key)
+	defer cancel()
+	if err != nil {
+		return 0, err
+	}
+	_, _, released := r.leasesOf(key, false)
+	now := time.Now().UnixMilli()
+	pipe := r.b.client.Pipeline()
+	live := pipe.ZCount(ctx, key, "("+strconv.FormatInt(now, 10), "+inf")
+	var scores *redis.FloatSliceCmd
+	if len(released) > 0 {
+		members := make([]string, len(released))
+		for i, m := range released {
+			members[i] = m.(string)
+		}
+		scores = pipe.ZMScore(ctx, key, members...)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, fmt.Errorf("counting leases: %w", r.b.classify(err))
+	}
+	n := int(live.Val())
+	if scores != nil {
+		for _, score := range scores.Val() {
+			if score > float64(now) {
+				n-- // released here, still in the set until maintain removes it
+			}
+		}
+	}
+	return max(n, 0), nil
+}
+
 // Counts returns how many live leases each principal holds across every
 // instance.
 func (r *RedisLeases) Counts(ctx context.Context, principals []string) (map[string]int, error) {
