@@ -1,6 +1,7 @@
 package caddysse
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -108,4 +109,118 @@ func TestRedisUserThatMayNotSubscribe(t *testing.T) {
 	eventually(t, "the accepted subscriptions to be logged", func() bool {
 		return strings.Contains(logs(), "redis accepts this instance's subscriptions to its shard channels again")
 	})
+}
+
+// A Redis user granted only some of the prefix's channels: Redis refuses
+// an SSUBSCRIBE of several channels as a whole when it denies one, so one
+// client asking for a denied channel kept every channel of the primary
+// from its live events (the instance subscribes a primary's channels in
+// one command). Only the denied channel's streams are treated as while
+// Redis cannot deliver (sse_degraded, then its events once the ACL grants
+// it); the others stay live, and the metric counts the one refused.
+// (Redis refuses the denied channel's publishes too.)
+func TestRedisUserGrantedSomeChannelsKeepsTheOthersLive(t *testing.T) {
+	rds := redistest.Start(t)
+	rds.MustCLI("ACL", "SETUSER", "app", "on", ">pw", "~sse:*", "+@all", "resetchannels",
+		"&sse:{a}", "&sse:{c}", "&sse:{sse,throttles}")
+	admin := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	srv := startCaddy(t, `
+:{PORT} {
+	metrics /metrics
+	sse /events {
+		channel {query.channels}
+		redis {
+			url `+rds.URL()+`
+			username app
+			password pw
+			check_interval 300ms
+		}
+		publish {
+			secret `+testSecret+`
+		}
+	}
+}
+`, "admin "+admin)
+	t.Cleanup(func() { _ = caddy.Load([]byte(`{"admin":{"disabled":true}}`), true) })
+	a, c := srv.subscribe("/events?channels=a", nil), srv.subscribe("/events?channels=c", nil)
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
+	rds.WaitShardSubscribers(t, "sse:{c}", 1)
+
+	b := srv.subscribe("/events?channels=b", nil)
+	if ev := b.next(); ev.Type != "sse_degraded" {
+		t.Fatalf("first event of the denied channel's stream %+v, want sse_degraded", ev)
+	}
+	srv.publish("/events", map[string]any{"channel": "a", "data": "a-live"})
+	srv.publish("/events", map[string]any{"channel": "c", "data": "c-live"})
+	if ev := a.next(); ev.Data != "a-live" {
+		t.Fatalf("a granted channel's stream got %+v beside a denied one, want its live event", ev)
+	}
+	if ev := c.next(); ev.Data != "c-live" {
+		t.Fatalf("a granted channel's stream got %+v beside a denied one, want its live event", ev)
+	}
+	if n := metric(t, srv.scrape(), "caddy_sse_redis_channels_denied"); n != 1 {
+		t.Fatalf("caddy_sse_redis_channels_denied = %v, want the one denied channel", n)
+	}
+	if _, stats := getStats(t, "http://"+admin+"/sse/stats"); len(stats.Hubs) != 1 || !strings.Contains(stats.Hubs[0].SubscribeError, "sse:{b}") {
+		t.Fatalf("stats do not name the refused channel: %+v", stats)
+	}
+
+	rds.MustCLI("ACL", "SETUSER", "app", "&sse:{b}") // publishing to b was refused too until now
+	rds.WaitShardSubscribers(t, "sse:{b}", 1)
+	srv.publish("/events", map[string]any{"channel": "b", "data": "b-live"})
+	if ev := b.next(); ev.Data != "b-live" {
+		t.Fatalf("live after the ACL granted the channel: %+v", ev)
+	}
+	eventually(t, "the metric to count no refused channel", func() bool {
+		return metric(t, srv.scrape(), "caddy_sse_redis_channels_denied") == 0
+	})
+}
+
+// Refused channels are asked for again a few at a time (a user refused
+// SSUBSCRIBE altogether would otherwise send every channel every retry),
+// and all at once as soon as Redis accepts one: a hundred refused
+// channels all go live again promptly once the ACL grants them, not a
+// batch per retry period.
+func TestRedisManyRefusedChannelsAllGoLiveOnceGranted(t *testing.T) {
+	rds := redistest.Start(t)
+	rds.MustCLI("ACL", "SETUSER", "app", "on", ">pw", "~sse:*", "&sse:*", "+@all", "-ssubscribe")
+	srv := startCaddy(t, `
+:{PORT} {
+	metrics /metrics
+	sse /events {
+		channel {query.channels}
+		max_channels 100
+		redis {
+			url `+rds.URL()+`
+			username app
+			password pw
+			check_interval 300ms
+		}
+		publish {
+			secret `+testSecret+`
+		}
+	}
+}
+`)
+	names := make([]string, 100)
+	for i := range names {
+		names[i] = fmt.Sprintf("ch%d", i)
+	}
+	c := srv.subscribe("/events?channels="+strings.Join(names, ","), nil)
+	if ev := c.next(); ev.Type != "sse_degraded" {
+		t.Fatalf("first event %+v, want sse_degraded", ev)
+	}
+	eventually(t, "every channel to be refused", func() bool {
+		return metric(t, srv.scrape(), "caddy_sse_redis_channels_denied") == 100
+	})
+	rds.MustCLI("ACL", "SETUSER", "app", "+ssubscribe")
+	eventually(t, "every channel to be accepted", func() bool {
+		return metric(t, srv.scrape(), "caddy_sse_redis_channels_denied") == 0
+	})
+	last := names[len(names)-1]
+	rds.WaitShardSubscribers(t, "sse:{"+last+"}", 1)
+	srv.publish("/events", map[string]any{"channel": last, "data": "live"})
+	if ev := c.next(); ev.Data != "live" {
+		t.Fatalf("after the grant: %+v", ev)
+	}
 }

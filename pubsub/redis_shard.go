@@ -44,6 +44,14 @@ type shard struct {
 	// ACL), until a connection has all of them confirmed; its watches are
 	// marked denied meanwhile (redis_denied.go).
 	denied error
+
+	// sendMu keeps sent in the order the commands go on the wire; sent,
+	// refused, oneByOne and nextRetry are under mu (redis_shard_refused.go)
+	sendMu    sync.Mutex
+	sent      []subscribeCmd
+	refused   map[string]bool // keys Redis refused alone; true while asked again
+	oneByOne  bool
+	nextRetry time.Time
 }
 
 // newShard returns a shard whose first full check is a check interval
@@ -68,7 +76,8 @@ func (s *shard) attach(key string, wt *watch) bool {
 	}
 	// while Redis refuses the shard's subscriptions, a new stream of the
 	// channel opens degraded at once; a confirmation clears it
-	wt.denied.Store(s.denied != nil)
+	_, refused := s.refused[key]
+	wt.denied.Store(s.denied != nil || refused)
 	return !had
 }
 
@@ -91,11 +100,16 @@ func (s *shard) currentClient() redis.UniversalClient {
 
 func (s *shard) remove(key string) bool {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if _, ok := s.keys[key]; !ok {
+		s.mu.Unlock()
 		return false
 	}
 	delete(s.keys, key)
+	ended := s.forgetRefusedLocked() && s.denied == nil
+	s.mu.Unlock()
+	if ended {
+		s.w.b.shardAllowed(s.id, false) // no channel of its own is refused any more
+	}
 	return true
 }
 
@@ -137,10 +151,14 @@ func (s *shard) unsubscribe(keys []string) {
 	}
 }
 
-// ssubscribe subscribes keys on ps, one command per hash slot (slotBatches).
+// ssubscribe subscribes keys on ps, one command per hash slot
+// (slotBatches), or per key once Redis refused one of several
+// (subscribeBatches).
 func (s *shard) ssubscribe(ctx context.Context, ps *redis.PubSub, keys []string) error {
-	for _, batch := range s.slotBatches(keys) {
-		if err := ps.SSubscribe(ctx, batch...); err != nil {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	for _, batch := range s.subscribeBatches(keys) {
+		if err := s.sendSubscribe(ctx, ps, batch); err != nil {
 			return err
 		}
 	}
@@ -312,6 +330,10 @@ func (s *shard) connect() (*redis.PubSub, error) {
 	s.awaitLocked(len(keys))
 	s.toSync = s.toSync[:0]
 	clear(s.leaving) // a new connection: what the old one was to confirm never comes
+	s.sent = nil
+	for key := range s.refused {
+		s.refused[key] = false // asked again below, with every key
+	}
 	s.mu.Unlock()
 	if len(keys) > 0 {
 		if err := s.ssubscribe(ctx, ps, keys); err != nil {
@@ -379,8 +401,9 @@ func (s *shard) setDenied(err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.denied = err
-	for _, wt := range s.keys {
-		wt.denied.Store(err != nil)
+	for key, wt := range s.keys {
+		_, refused := s.refused[key]
+		wt.denied.Store(err != nil || refused)
 	}
 }
 
@@ -421,7 +444,11 @@ func (s *shard) relocate() {
 	for _, key := range moved {
 		delete(s.keys, key)
 	}
+	ended := s.forgetRefusedLocked() && s.denied == nil
 	s.mu.Unlock()
+	if ended {
+		s.w.b.shardAllowed(s.id, false)
+	}
 	s.w.replace(moved)
 }
 
@@ -441,6 +468,7 @@ func (s *shard) receive(ps *redis.PubSub) error {
 				}
 				_ = ps.Ping(s.ctx)
 				s.maybeCheck(true)
+				s.retryRefused(s.ctx, ps)
 				continue
 			case isMoved(err):
 				s.w.b.log().Debug("a shard channel moved", zap.String("shard", s.id), zap.Error(err))
@@ -450,7 +478,11 @@ func (s *shard) receive(ps *redis.PubSub) error {
 				return nil // closed on purpose: kill or close
 			case isNoPerm(err):
 				// Redis answers, and would refuse them again on a new
-				// connection: not an outage (redis_denied.go)
+				// connection: not an outage (redis_denied.go); the
+				// refusal of one command holds for its keys alone
+				if s.refuseOldest(s.ctx, ps, err) {
+					continue
+				}
 				s.deny(err)
 				return errDenied
 			default:
@@ -466,6 +498,7 @@ func (s *shard) receive(ps *redis.PubSub) error {
 			s.onSubscription(m)
 		}
 		s.maybeCheck(false)
+		s.retryRefused(s.ctx, ps)
 	}
 }
 
@@ -477,7 +510,8 @@ func (s *shard) onSubscription(m *redis.Subscription) {
 		s.unconfirmed--
 		s.confirming = time.Now()
 		s.queueSyncLocked(m.Channel)
-		if s.denied != nil && s.unconfirmed <= 0 {
+		refusalEnded := s.confirmedLocked(m.Channel) && len(s.refused) == 0
+		if (s.denied != nil && s.unconfirmed <= 0) || (refusalEnded && s.denied == nil) {
 			s.mu.Unlock()
 			s.allow(true)
 			return
@@ -520,6 +554,7 @@ func (s *shard) moveAway() {
 		keys = append(keys, key)
 	}
 	s.keys = make(map[string]*watch)
+	ended := s.forgetRefusedLocked() && s.denied == nil
 	ps := s.ps
 	if ps != nil && len(keys) > 0 {
 		s.leaveLocked(keys)
@@ -529,6 +564,9 @@ func (s *shard) moveAway() {
 		ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
 		_ = s.sunsubscribe(ctx, ps, keys)
 		cancel()
+	}
+	if ended {
+		s.w.b.shardAllowed(s.id, false)
 	}
 	s.w.replace(keys)
 }

@@ -1,0 +1,191 @@
+package pubsub
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// A Redis ACL may grant the user only some of the prefix's shard channels
+// (&sse:{public:*}). Redis refuses an SSUBSCRIBE of several channels as a
+// whole when it denies one of them, with a NOPERM that names none, so one
+// client asking for a denied channel would keep every channel of the
+// primary from its live events. The shard therefore tells which command a
+// refusal answers (Redis answers a connection's commands in order: sent
+// lists those awaiting replies), subscribes the keys of a refused command
+// of several one by one from then on, and holds as refused only the keys
+// whose own command Redis refused: their streams are treated as SPEC S9
+// has them while Redis cannot deliver (redis_denied.go), the others go on.
+// Refused keys are asked again every refusedRetry, a few at a time, and all
+// the sooner once Redis accepts one (the ACL changed).
+
+// subscribeCmd is an SSUBSCRIBE sent on the connection: its keys, and how
+// many of their confirmations have not come yet.
+type subscribeCmd struct {
+	keys []string
+	left int
+}
+
+// refusedRetry is how often the keys Redis refused are asked again.
+const refusedRetry = 2 * time.Second
+
+// refusedRetryBatch is how many refused keys one retry asks for: a user
+// refused SSUBSCRIBE altogether would otherwise send every key every
+// refusedRetry.
+const refusedRetryBatch = 16
+
+// subscribeBatches splits keys into SSUBSCRIBE commands: one per hash
+// slot on a cluster (slotBatches), one per key once a command of several
+// was refused (oneByOne).
+func (s *shard) subscribeBatches(keys []string) [][]string {
+	s.mu.Lock()
+	oneByOne := s.oneByOne
+	s.mu.Unlock()
+	if !oneByOne {
+		return s.slotBatches(keys)
+	}
+	batches := make([][]string, len(keys))
+	for i, key := range keys {
+		batches[i] = []string{key}
+	}
+	return batches
+}
+
+// sendSubscribe sends one SSUBSCRIBE of keys on ps, noted in sent in the
+// order it goes on the wire (sendMu). A send on a connection replaced
+// meanwhile is not noted: its replies never reach the new one's receive.
+func (s *shard) sendSubscribe(ctx context.Context, ps *redis.PubSub, keys []string) error {
+	s.mu.Lock()
+	if ps == s.ps {
+		s.sent = append(s.sent, subscribeCmd{keys: keys, left: len(keys)})
+	}
+	for _, key := range keys {
+		if _, ok := s.refused[key]; ok {
+			s.refused[key] = true // in flight
+		}
+	}
+	s.mu.Unlock()
+	return ps.SSubscribe(ctx, keys...)
+}
+
+// confirmedLocked takes the confirmation of key's subscription from the
+// oldest command awaiting replies, and ends a refusal of key. It reports
+// whether key was refused until now.
+func (s *shard) confirmedLocked(key string) (wasRefused bool) {
+	if len(s.sent) > 0 {
+		if s.sent[0].left--; s.sent[0].left <= 0 {
+			s.sent = s.sent[1:]
+		}
+	}
+	if _, wasRefused = s.refused[key]; wasRefused {
+		delete(s.refused, key)
+		if wt := s.keys[key]; wt != nil {
+			wt.denied.Store(s.denied != nil)
+		}
+		s.nextRetry = time.Time{} // the ACL may grant the others too: ask now
+	}
+	return wasRefused
+}
+
+// refuseOldest takes a NOPERM as the refusal of the oldest command
+// awaiting replies: its key is refused if it had one, and its keys are
+// subscribed again one by one if it had several. False if no command was
+// awaiting replies (the refusal is of something else).
+func (s *shard) refuseOldest(ctx context.Context, ps *redis.PubSub, err error) bool {
+	s.mu.Lock()
+	if len(s.sent) == 0 {
+		s.mu.Unlock()
+		return false
+	}
+	cmd := s.sent[0]
+	s.sent = s.sent[1:]
+	s.unconfirmed -= cmd.left
+	var again []string
+	refusedOne := false
+	if len(cmd.keys) > 1 {
+		s.oneByOne = true
+		for _, key := range cmd.keys {
+			if _, carried := s.keys[key]; carried {
+				again = append(again, key)
+			}
+		}
+		s.awaitLocked(len(again))
+	} else if wt := s.keys[cmd.keys[0]]; wt != nil {
+		if s.refused == nil {
+			s.refused = make(map[string]bool)
+		}
+		s.refused[cmd.keys[0]] = false
+		wt.denied.Store(true)
+		refusedOne = true
+	}
+	s.mu.Unlock()
+	if refusedOne { // logged, counted, and new streams stop waiting
+		s.w.b.shardDenied(s.id, fmt.Errorf("%w (shard channel %s)", err, cmd.keys[0]))
+	}
+	if len(again) > 0 {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := s.sendEach(ctx, ps, again); err != nil {
+			s.kill(ps)
+		}
+	}
+	return true
+}
+
+// sendEach subscribes each of keys with a command of its own.
+func (s *shard) sendEach(ctx context.Context, ps *redis.PubSub, keys []string) error {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	for _, key := range keys {
+		if err := s.sendSubscribe(ctx, ps, []string{key}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// retryRefused asks Redis again for a few of the refused keys not already
+// asked, when a retry is due.
+func (s *shard) retryRefused(ctx context.Context, ps *redis.PubSub) {
+	s.mu.Lock()
+	if len(s.refused) == 0 || time.Now().Before(s.nextRetry) {
+		s.mu.Unlock()
+		return
+	}
+	s.nextRetry = time.Now().Add(refusedRetry)
+	var keys []string
+	for key, inFlight := range s.refused {
+		if !inFlight {
+			keys = append(keys, key)
+		}
+		if len(keys) == refusedRetryBatch {
+			break
+		}
+	}
+	s.awaitLocked(len(keys))
+	s.mu.Unlock()
+	if len(keys) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := s.sendEach(ctx, ps, keys); err != nil {
+		s.kill(ps)
+	}
+}
+
+// forgetRefusedLocked drops the refusals of keys the shard no longer
+// carries; it reports whether none is left of a refusal there was.
+func (s *shard) forgetRefusedLocked() (ended bool) {
+	if len(s.refused) == 0 {
+		return false
+	}
+	for key := range s.refused {
+		if _, carried := s.keys[key]; !carried {
+			delete(s.refused, key)
+		}
+	}
+	return len(s.refused) == 0
+}
