@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -272,4 +274,44 @@ func reconnectOnce(port int, path string) (string, error) {
 		return status[:3], nil
 	}
 	return "", fmt.Errorf("bad status line %q", line)
+}
+
+// Every stream's end is logged with why it ended (README, Logs: "stream
+// ended (duration, events sent, reason)"). A stream that ended without an
+// error was logged without a reason: on either writer one closed by a
+// reload or stop (its last words written), and on the net_http writer one
+// whose client left (the drainer sees only the request's end), while the
+// takeover writer said "the client closed the connection" — the two most
+// common ends of a stream were the ones an operator could not tell apart.
+func TestAStreamsEndIsLoggedWithItsReason(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "sse.log")
+	logs := "log ssefile {\n\t\toutput file " + file + "\n\t\tformat json\n\t\tlevel DEBUG\n\t\tinclude http.handlers.sse\n\t}"
+	srv := startCaddy(t, idleSite, logs)
+	left := srv.subscribe("/events?channels=left", nil)
+	left.comment("ok")
+	left.close()
+	closed := srv.subscribe("/events?channels=closed", nil)
+	closed.comment("ok")
+	srv.reload(idleSite, logs)
+	if ev := closed.next(); ev.Type != "server_closing" {
+		t.Fatalf("got %+v, want server_closing", ev)
+	}
+	closed.expectEnd()
+	defer func() {
+		if t.Failed() {
+			b, _ := os.ReadFile(file)
+			t.Logf("the module's log:\n%s", b)
+		}
+	}()
+	for channel, reason := range map[string]string{"left": "the client closed the connection", "closed": "server closing: reload"} {
+		eventually(t, "the end of the stream on "+channel+" to be logged with its reason", func() bool {
+			b, _ := os.ReadFile(file)
+			for _, line := range strings.Split(string(b), "\n") {
+				if strings.Contains(line, `"msg":"stream ended"`) && strings.Contains(line, `"channels":["`+channel+`"]`) {
+					return strings.Contains(line, `"reason":"`+reason)
+				}
+			}
+			return false
+		})
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"sort"
 	"strings"
@@ -162,8 +163,30 @@ func (s *stream) finish(ctx context.Context, err error) {
 			zap.String("remote", s.remote),
 			zap.Duration("duration", s.lasted()),
 			zap.Int64("events_sent", s.eventsSent),
-			zap.NamedError("reason", err))
+			zap.NamedError("reason", s.endReason(ctx, err)))
 	}
+}
+
+// errQueueStayedFull is why a stream ended whose queue stayed full for the
+// slow-client timeout (the registry's ticker told it to close).
+var errQueueStayedFull = errors.New("its queue stayed full for the slow-client timeout")
+
+// endReason says why a stream ended, for its log line: err, or else what
+// ended it without an error — told to close (a reload, a stop, a queue
+// that stayed full) after its last words were written, or its client
+// leaving, which the net_http writer sees only as its request's end.
+func (s *stream) endReason(ctx context.Context, err error) error {
+	switch n := s.closing.Load(); {
+	case err != nil:
+		return err
+	case n != nil && n.slow:
+		return errQueueStayedFull
+	case n != nil:
+		return fmt.Errorf("server closing: %s", n.reason)
+	case ctx.Err() != nil:
+		return errClientGone
+	}
+	return nil
 }
 
 // release lets go of what the stream holds: its place in the registry and
