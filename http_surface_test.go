@@ -629,3 +629,93 @@ func TestManyH2StreamsOnOneConnection(t *testing.T) {
 		}
 	}
 }
+
+// manyChannelNames returns n channel names of 29 bytes, as a site naming
+// them tenant, project and topic would have.
+func manyChannelNames(n int) string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("tenant-42:project-%03d:updates", i)
+	}
+	return strings.Join(names, ",")
+}
+
+// A browser's EventSource reconnects with the URL it opened (here, every
+// channel) and a Last-Event-ID naming them all. A stream whose reconnect
+// would exceed the server's max_header_size opened and then had its
+// reconnect refused with 431, which EventSource takes as final: it never
+// came back. It is refused when it opens now (400 too_many_channels,
+// naming max_header_size), where its developer sees it; with a larger
+// max_header_size it opens and its reconnect works. HTTP/2 counts a
+// header list more strictly (32 bytes per field) than HTTP/1.1 (4 KiB of
+// slack), so fewer channels fit there.
+func TestAStreamWhoseReconnectWouldNotFitIsRefusedAtOnce(t *testing.T) {
+	site := `
+:{PORT} {
+	sse /events {
+		channel {query.channels}
+		max_channels 423
+		publish {
+			secret ` + testSecret + `
+		}
+	}
+}
+`
+	tooMany := "/events?channels=" + manyChannelNames(423)
+	srv := startCaddy(t, site, h2cGlobals)
+	resp := do(t, http.MethodGet, srv.base+tooMany, nil, "")
+	if resp.StatusCode == http.StatusOK {
+		resp.Body.Close()
+		t.Fatal("a stream whose reconnect cannot fit max_header_size opened")
+	}
+	body := new(strings.Builder)
+	_, _ = io.Copy(body, resp.Body)
+	resp.Body = io.NopCloser(strings.NewReader(body.String()))
+	assertError(t, resp, http.StatusBadRequest, "too_many_channels")
+	if !strings.Contains(body.String(), "max_header_size") {
+		t.Fatalf("the refusal does not say what to raise: %s", body)
+	}
+
+	// 300 fit HTTP/1.1 with room for the reconnect, but not HTTP/2
+	fitsH1 := "/events?channels=" + manyChannelNames(300)
+	c := openStream(t, srv.base+fitsH1, nil, nil)
+	if c.resp.StatusCode != http.StatusOK {
+		t.Fatalf("300 channels on HTTP/1.1: %d", c.resp.StatusCode)
+	}
+	c.comment("ok")
+	req, _ := http.NewRequest(http.MethodGet, srv.base+fitsH1, nil)
+	h2resp, err := h2cClient().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h2resp.ProtoMajor != 2 {
+		t.Fatalf("served over %s", h2resp.Proto)
+	}
+	assertError(t, h2resp, http.StatusBadRequest, "too_many_channels")
+
+	// with room for them, the 423 open, and their reconnect is let in
+	big := startCaddy(t, site, "servers {\n\t\tmax_header_size 64KiB\n\t}")
+	s := openStream(t, big.base+tooMany, nil, nil)
+	if s.resp.StatusCode != http.StatusOK {
+		t.Fatalf("423 channels with max_header_size 64KiB: %d", s.resp.StatusCode)
+	}
+	s.comment("ok")
+	// an event on every channel: each has a position (an epoch, a
+	// sequence, a time) in the id, as a stream that has lived a while does
+	big.publish("/events", map[string]any{"channel": strings.Split(manyChannelNames(423), ","), "data": "x"})
+	var id string
+	for range 423 {
+		id = s.next().ID
+	}
+	again := openStream(t, big.base+tooMany, http.Header{"Last-Event-Id": {id}}, nil)
+	if again.resp.StatusCode != http.StatusOK {
+		t.Fatalf("the reconnect with the stream's own id: %d", again.resp.StatusCode)
+	}
+	// and that reconnect is what the default limit would have refused
+	srv = startCaddy(t, site) // one config per process: this replaces big
+	resp = do(t, http.MethodGet, srv.base+tooMany, http.Header{"Last-Event-Id": {id}}, "")
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Fatalf("the reconnect under the default max_header_size: %d, want 431 (the test's premise)", resp.StatusCode)
+	}
+}

@@ -105,7 +105,10 @@ type Handler struct {
 	// MaxChannels is the most channels one stream may subscribe to (after
 	// templates are resolved and split), and one publish may name.
 	// Default: 32. At most 423, so that a stream's Last-Event-ID (a
-	// position per channel) stays under 16 KiB.
+	// position per channel) stays under 16 KiB. A stream whose reconnect
+	// (its URL and headers with a Last-Event-ID for every channel) would
+	// not fit the server's max_header_size is refused too: a browser's
+	// EventSource would give up for good on the 431 its reconnect got.
 	MaxChannels int `json:"max_channels,omitempty"`
 
 	// CloseJitter spreads the reconnections after a reload or shutdown: each

@@ -64,6 +64,9 @@ func (h *Handler) openStream(w http.ResponseWriter, r *http.Request) (*stream, s
 	if rej := collidingChannels(s.names, s.cursor); rej != nil {
 		return nil, startingPoint{}, h.reject(w, r, rej, 0)
 	}
+	if rej := reconnectTooLarge(r, len(s.names)); rej != nil {
+		return nil, startingPoint{}, h.reject(w, r, rej, 0)
+	}
 	repl.Set("http.sse.channels", strings.Join(names, ","))
 	repl.Set("http.sse.principal", principal)
 	who := client{principal: principal, ip: clientIP(r)}
