@@ -35,8 +35,8 @@ func cursorTextLen(channels int) int {
 // request line and header lines, up to the blank line, on HTTP/1.x
 // (net/http reads fewer than max_header_size and 4 KiB of slack), and the
 // header list size on HTTP/2 (each field's name and value plus 32 bytes;
-// at most max_header_size and 320). HTTP/3 counts the compressed size,
-// which this does not estimate: it is not checked.
+// at most max_header_size and 320) and on HTTP/3 (the same, at most
+// max_header_size: quic-go checks the decoded fields so).
 func reconnectTooLarge(r *http.Request, channels int) *rejection {
 	srv, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
 	if !ok || srv == nil || srv.MaxHeaderBytes <= 0 {
@@ -47,7 +47,9 @@ func reconnectTooLarge(r *http.Request, channels int) *rejection {
 	case 1:
 		size, limit = http1ReconnectSize(r, channels), srv.MaxHeaderBytes+4096-1
 	case 2:
-		size, limit = http2ReconnectSize(r, channels), srv.MaxHeaderBytes+320
+		size, limit = fieldListReconnectSize(r, channels), srv.MaxHeaderBytes+320
+	case 3:
+		size, limit = fieldListReconnectSize(r, channels), srv.MaxHeaderBytes
 	default:
 		return nil
 	}
@@ -76,10 +78,10 @@ func http1ReconnectSize(r *http.Request, channels int) int {
 	return size + len("Last-Event-ID: ") + cursorTextLen(channels) + 2 + 2
 }
 
-// http2ReconnectSize is the header list size (RFC 9113 6.5.2) of r's
-// reconnect: r's fields and pseudo-fields, with a Last-Event-ID for
-// channels instead of its own.
-func http2ReconnectSize(r *http.Request, channels int) int {
+// fieldListReconnectSize is the header list size (RFC 9113 6.5.2, RFC
+// 9114 4.2.2) of r's reconnect: r's fields and pseudo-fields, with a
+// Last-Event-ID for channels instead of its own.
+func fieldListReconnectSize(r *http.Request, channels int) int {
 	const perField = 32
 	scheme := "https"
 	if r.TLS == nil {

@@ -132,3 +132,56 @@ func TestEveryProtocolBehindEncodeAndTimeouts(t *testing.T) {
 		})
 	}
 }
+
+// A stream whose reconnect (its URL with a Last-Event-ID for each of its
+// channels) would not fit max_header_size is refused when it opens, as
+// each protocol counts a request's headers: 290 channels of 29-byte names
+// fit HTTP/1.1 (16 KiB and 4 KiB of slack, raw bytes) but neither HTTP/2
+// (16 KiB and 320 bytes, 32 more per field) nor HTTP/3 (16 KiB, counted as
+// HTTP/2 counts). HEAD is checked as GET is.
+func TestReconnectSizeIsCheckedAsEachProtocolCounts(t *testing.T) {
+	_, port := startTLSCaddy(t, "servers {\n\t\tprotocols h1 h2 h3\n\t}", func(port int) string {
+		return fmt.Sprintf(`https://localhost:%d {
+	tls internal
+	sse /events {
+		channel {query.channels}
+		max_channels 423
+	}
+}
+`, port)
+	})
+	h1, base := tlsClient(t, port, false)
+	h2, _ := tlsClient(t, port, true)
+	h3 := h3Client(t, port)
+	names := make([]string, 290)
+	for i := range names {
+		names[i] = fmt.Sprintf("tenant-42:project-%03d:updates", i)
+	}
+	url := base + "?channels=" + strings.Join(names, ",")
+	for i, c := range []*http.Client{h1, h2, h3} {
+		resp := headUntilServing(t, c, url)
+		resp.Body.Close()
+		want := map[int]int{1: 200, 2: 400, 3: 400}[resp.ProtoMajor]
+		if resp.ProtoMajor != i+1 || resp.StatusCode != want {
+			t.Errorf("HTTP/%d: %d over %s, want %d", i+1, resp.StatusCode, resp.Proto, want)
+		}
+	}
+}
+
+// headUntilServing sends HEAD url until the server answers, retrying while
+// it may still be getting its certificate.
+func headUntilServing(t *testing.T, client *http.Client, url string) *http.Response {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for {
+		req, _ := http.NewRequest(http.MethodHead, url, nil)
+		resp, err := client.Do(req)
+		if err == nil {
+			return resp
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("HEAD: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
