@@ -481,6 +481,10 @@ func (s *shard) receive(ps *redis.PubSub) error {
 				// connection: not an outage (redis_denied.go); the
 				// refusal of one command holds for its keys alone
 				if s.refuseOldest(s.ctx, ps, err) {
+					idle = 0
+					// the keys confirmed before it may be due for their
+					// first sync, and no other reply may come for long
+					s.maybeCheck(false)
 					continue
 				}
 				s.deny(err)

@@ -128,6 +128,35 @@ func TestRedisNewStreamDoesNotWaitForARefusedSubscription(t *testing.T) {
 	}
 }
 
+// A channel whose subscription Redis confirms just before it refuses
+// others' (a user granted only some channels: after a refused batch the
+// shard subscribes one by one, and the replies come in that order) has its
+// first sync at once. The receive loop went on to the next reply after a
+// refusal without running the check that was due, so when refusals were
+// the last replies of a burst the confirmed channels' first sync waited
+// for the next message, or a whole check interval on a quiet connection.
+// Forty refused channels: the granted one is answered last only once in
+// 41 runs, when the bug does not show.
+func TestRedisChannelConfirmedBeforeRefusalsSyncsAtOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.MustCLI("ACL", "SETUSER", "app", "on", ">pw", "~*", "+@all", "resetchannels", "&sse:{granted}")
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: time.Minute, Username: "app", Password: "pw"})
+	channels := []string{"granted"}
+	for i := range 40 {
+		channels = append(channels, fmt.Sprint("refused-", i))
+	}
+	defer hub.Subscribe(newRedisRecorder(), channels).Close()
+	wt := broker.watch.lookup(broker.Key("granted"))
+	select {
+	case <-wt.ready:
+	case <-time.After(3 * time.Second):
+		t.Fatal("the granted channel had no first sync within 3 s (check interval: a minute)")
+	}
+	if broker.watch.countDenied() != 40 {
+		t.Fatalf("%d channels refused, want 40", broker.watch.countDenied())
+	}
+}
+
 // fcallROCalls is the number of FCALL_RO calls Redis has run.
 func fcallROCalls(t *testing.T, srv *redistest.Server) int {
 	t.Helper()
