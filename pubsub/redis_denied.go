@@ -51,7 +51,8 @@ func isNoPerm(err error) bool {
 
 // deniedSignal returns a channel closed at the next refusal of a shard's
 // subscriptions: a new stream waiting for its channel's first sync stops
-// waiting then.
+// waiting then if its channel is the one refused (an ACL may refuse some
+// channels only), and waits on otherwise.
 func (b *Redis) deniedSignal() <-chan struct{} {
 	if p := b.denials.signal.Load(); p != nil {
 		return *p

@@ -160,15 +160,22 @@ func (r *RedisThrottles) waitLoaded(ctx context.Context) bool {
 	}
 	timer := time.NewTimer(loadWait)
 	defer timer.Stop()
-	select {
-	case <-r.ready:
-		return true
-	case <-timer.C:
-	case <-ctx.Done():
-	case <-r.b.downSignal(): // Redis is down: no load to wait for
-	case <-refused: // perhaps the subscription of the announcements
+	for {
+		select {
+		case <-r.ready:
+			return true
+		case <-timer.C:
+		case <-ctx.Done():
+		case <-r.b.downSignal(): // Redis is down: no load to wait for
+		case <-refused: // perhaps the subscription of the announcements
+			// Redis refuses some channels only (an ACL): wait on unless
+			// it is this one's
+			if refused = r.b.deniedSignal(); !r.b.watch.denied(r.b.Key(throttleChannel)) {
+				continue
+			}
+		}
+		return false
 	}
-	return false
 }
 
 // loadWait bounds how long a lookup waits for the announcements' load: a

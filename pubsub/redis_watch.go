@@ -205,12 +205,21 @@ func (w *watcher) startAt(ctx context.Context, key string) (replay.Position, boo
 	default:
 		timer := time.NewTimer(syncWait)
 		defer timer.Stop()
-		select {
-		case <-wt.ready:
-		case <-timer.C:
-		case <-ctx.Done():
-		case <-w.b.downSignal(): // no sync to wait for: the stream opens degraded
-		case <-refused: // its subscription may be the one refused (Read checks)
+	wait:
+		for {
+			select {
+			case <-wt.ready:
+			case <-timer.C:
+			case <-ctx.Done():
+			case <-w.b.downSignal(): // no sync to wait for: the stream opens degraded
+			case <-refused:
+				// Redis refuses some channels only (an ACL): wait on
+				// unless this one is refused (Read checks)
+				if refused = w.b.deniedSignal(); !wt.denied.Load() {
+					continue
+				}
+			}
+			break wait
 		}
 	}
 	return wt.delivered()
@@ -249,18 +258,21 @@ func (w *watcher) synced(ctx context.Context, key string) bool {
 	if wt == nil {
 		return false
 	}
-	refused := w.b.deniedSignal()
-	if wt.denied.Load() {
-		return false
+	for {
+		refused := w.b.deniedSignal()
+		if wt.denied.Load() {
+			return false
+		}
+		select {
+		case <-wt.ready:
+			return true
+		case <-ctx.Done():
+			return false
+		case <-w.b.downSignal():
+			return false
+		case <-refused: // perhaps another channel's (an ACL refuses some only): look again
+		}
 	}
-	select {
-	case <-wt.ready:
-		return true
-	case <-ctx.Done():
-	case <-w.b.downSignal():
-	case <-refused:
-	}
-	return false
 }
 
 // syncWait bounds how long a new stream waits for its channel's first

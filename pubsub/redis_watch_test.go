@@ -157,6 +157,32 @@ func TestRedisChannelConfirmedBeforeRefusalsSyncsAtOnce(t *testing.T) {
 	}
 }
 
+// A wait for a channel's first sync lasts until that sync, whatever other
+// channel Redis refuses meanwhile (a user granted only some channels): the
+// waits ended at any refusal, when every one was the whole shard's. So the
+// throttles' load (synced) read the announcements before its subscription
+// was confirmed, and one made meanwhile, if not the newest, was in neither
+// that read nor the first sync: the instance admitted that throttled
+// client. And a new stream (startAt) read its channel's head itself.
+func TestRedisWaitForAFirstSyncOutlastsAnotherChannelsRefusal(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.MustCLI("ACL", "SETUSER", "app", "on", ">pw", "~*", "+@all", "resetchannels", "&sse:{granted-1}", "&sse:{granted-2}")
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: time.Minute, Username: "app", Password: "pw"})
+	ctx, cancel := context.WithTimeout(context.Background(), redisWait)
+	defer cancel()
+	defer hub.Subscribe(newRedisRecorder(), []string{"granted-1", "refused-1"}).Close()
+	if !broker.watch.synced(ctx, broker.Key("granted-1")) {
+		t.Fatal("synced gave up on a granted channel when Redis refused another")
+	}
+	defer hub.Subscribe(newRedisRecorder(), []string{"granted-2", "refused-2"}).Close()
+	if _, ok := broker.watch.startAt(ctx, broker.Key("granted-2")); !ok {
+		t.Fatal("a new stream of a granted channel stopped waiting for its first sync when Redis refused another")
+	}
+	if !broker.watch.denied(broker.Key("refused-1")) || !broker.watch.denied(broker.Key("refused-2")) {
+		t.Fatal("the refused channels are not marked refused")
+	}
+}
+
 // fcallROCalls is the number of FCALL_RO calls Redis has run.
 func fcallROCalls(t *testing.T, srv *redistest.Server) int {
 	t.Helper()
