@@ -458,9 +458,14 @@ func (s *shard) receive(ps *redis.PubSub) error {
 	interval := s.w.b.opts.CheckInterval
 	idle := 0
 	for {
-		msg, err := ps.ReceiveTimeout(s.ctx, interval)
+		wait := s.retryWait(interval)
+		msg, err := ps.ReceiveTimeout(s.ctx, wait)
 		if err != nil {
 			switch {
+			case isTimeout(err) && wait < interval:
+				// not a silence: a retry of refused keys is due
+				s.retryRefused(s.ctx, ps)
+				continue
 			case isTimeout(err):
 				idle++
 				if idle >= 3 {

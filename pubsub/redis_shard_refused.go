@@ -176,6 +176,22 @@ func (s *shard) retryRefused(ctx context.Context, ps *redis.PubSub) {
 	}
 }
 
+// retryWait is how long receive may wait for a message before a retry of
+// refused keys is due (retryRefused runs when it wakes): at most wait, the
+// check interval, which may be far longer than refusedRetry. Keys asked
+// again and not answered yet are not due: a connection that answers
+// nothing is found silent as ever, after three check intervals.
+func (s *shard) retryWait(wait time.Duration) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, inFlight := range s.refused { // few are in flight, but just after a reconnection
+		if !inFlight {
+			return min(wait, max(time.Until(s.nextRetry), time.Millisecond))
+		}
+	}
+	return wait
+}
+
 // forgetRefusedLocked drops the refusals of keys the shard no longer
 // carries; it reports whether none is left of a refusal there was.
 func (s *shard) forgetRefusedLocked() (ended bool) {

@@ -183,6 +183,41 @@ func TestRedisWaitForAFirstSyncOutlastsAnotherChannelsRefusal(t *testing.T) {
 	}
 }
 
+// A refused channel is asked for again every refusedRetry (2 s) on a quiet
+// connection too, whatever the check interval: the retries ran only when
+// the receive loop woke, at a message or once per check interval (5 s by
+// default, a minute here), so an ACL granting the channel took that long
+// to take effect, where README promises at most 2 s (as the reconnection
+// backoff gave it while a refusal was the whole shard's).
+func TestRedisRefusedChannelIsAskedAgainEveryRetryPeriodOnAQuietConnection(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.MustCLI("ACL", "SETUSER", "app", "on", ">pw", "~*", "+@all", "resetchannels")
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: time.Minute, Username: "app", Password: "pw"})
+	defer hub.Subscribe(newRedisRecorder(), []string{"later"}).Close()
+	deadline := time.Now().Add(redisWait)
+	for !broker.watch.denied(broker.Key("later")) {
+		if time.Now().After(deadline) {
+			t.Fatal("the channel was not refused")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	srv.MustCLI("ACL", "SETUSER", "app", "&sse:{later}")
+	granted := time.Now()
+	for !subscribedOnce(t, srv, broker.Key("later")) {
+		if time.Since(granted) > 2*refusedRetry+time.Second {
+			t.Fatalf("not subscribed %v after the ACL granted the channel (retries every %v)", time.Since(granted), refusedRetry)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// subscribedOnce reports whether Redis has one subscriber of shard channel.
+func subscribedOnce(t *testing.T, srv *redistest.Server, channel string) bool {
+	t.Helper()
+	f := strings.Fields(srv.MustCLI("PUBSUB", "SHARDNUMSUB", channel))
+	return len(f) == 2 && f[1] == "1"
+}
+
 // fcallROCalls is the number of FCALL_RO calls Redis has run.
 func fcallROCalls(t *testing.T, srv *redistest.Server) int {
 	t.Helper()
