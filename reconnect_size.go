@@ -94,6 +94,13 @@ func fieldListReconnectSize(r *http.Request, channels int) int {
 			continue
 		}
 		for _, v := range values {
+			if name == "Cookie" {
+				// sent as one field per cookie ("crumbs", RFC 9113
+				// 8.2.3), which the server joined with "; "
+				crumbs := strings.Count(v, "; ") + 1
+				size += crumbs*(len(name)+perField) + len(v) - 2*(crumbs-1)
+				continue
+			}
 			size += len(name) + len(v) + perField
 		}
 	}
