@@ -52,6 +52,8 @@ type shard struct {
 	refused   map[string]bool // keys Redis refused alone; true while asked again
 	oneByOne  bool
 	nextRetry time.Time
+	// retriedUpTo: refused keys are asked again in turn, from this name on
+	retriedUpTo string
 }
 
 // newShard returns a shard whose first full check is a check interval

@@ -3,6 +3,7 @@ package pubsub
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -155,15 +156,7 @@ func (s *shard) retryRefused(ctx context.Context, ps *redis.PubSub) {
 		return
 	}
 	s.nextRetry = time.Now().Add(refusedRetry)
-	var keys []string
-	for key, inFlight := range s.refused {
-		if !inFlight {
-			keys = append(keys, key)
-		}
-		if len(keys) == refusedRetryBatch {
-			break
-		}
-	}
+	keys := s.nextRefusedLocked()
 	s.awaitLocked(len(keys))
 	s.mu.Unlock()
 	if len(keys) == 0 {
@@ -174,6 +167,30 @@ func (s *shard) retryRefused(ctx context.Context, ps *redis.PubSub) {
 	if err := s.sendEach(ctx, ps, keys); err != nil {
 		s.kill(ps)
 	}
+}
+
+// nextRefusedLocked returns the next refusedRetryBatch refused keys not
+// asked already, in turn (in name order, on from where the last retry
+// stopped): with hundreds refused, an ACL that grants a few of them is
+// noticed within a round of retries.
+func (s *shard) nextRefusedLocked() []string {
+	idle := make([]string, 0, len(s.refused))
+	for key, inFlight := range s.refused {
+		if !inFlight {
+			idle = append(idle, key)
+		}
+	}
+	if len(idle) <= refusedRetryBatch {
+		return idle
+	}
+	slices.Sort(idle)
+	from, _ := slices.BinarySearch(idle, s.retriedUpTo)
+	keys := make([]string, 0, refusedRetryBatch)
+	for i := range refusedRetryBatch {
+		keys = append(keys, idle[(from+i)%len(idle)])
+	}
+	s.retriedUpTo = keys[len(keys)-1] + "\x00" // the next retry starts after it
+	return keys
 }
 
 // retryWait is how long receive may wait for a message before a retry of

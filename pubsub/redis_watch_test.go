@@ -685,3 +685,35 @@ func TestRedisOwnPublishDoesNotWaitForABusyWatch(t *testing.T) {
 	}
 	assertContiguous(t, got, got[0].Pos.Seq)
 }
+
+// Refused keys are asked again in turn: with 40 refused and 16 asked per
+// retry, three retries ask every key (the third wraps around), so an ACL
+// that grants a few of many is noticed within a round; keys asked and not
+// yet answered are not asked twice.
+func TestRefusedKeysAreAskedAgainInTurn(t *testing.T) {
+	s := &shard{refused: map[string]bool{}}
+	for i := range 40 {
+		s.refused[fmt.Sprintf("k%02d", i)] = false
+	}
+	seen := map[string]int{}
+	for range 3 {
+		keys := s.nextRefusedLocked()
+		if len(keys) != refusedRetryBatch {
+			t.Fatalf("%d keys asked, want %d", len(keys), refusedRetryBatch)
+		}
+		for _, k := range keys {
+			seen[k]++
+		}
+	}
+	if len(seen) != 40 {
+		t.Fatalf("%d of 40 refused keys asked in three retries", len(seen))
+	}
+	s.refused["k00"] = true // asked, unanswered
+	for range 3 {
+		for _, k := range s.nextRefusedLocked() {
+			if k == "k00" {
+				t.Fatal("a key asked and not answered yet was asked again")
+			}
+		}
+	}
+}
