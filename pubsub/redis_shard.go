@@ -45,8 +45,8 @@ type shard struct {
 	// marked denied meanwhile (redis_denied.go).
 	denied error
 
-	// sendMu keeps sent in the order the commands go on the wire; sent,
-	// refused, oneByOne and nextRetry are under mu (redis_shard_refused.go)
+	// sendMu keeps sent in the order the commands go on the wire; sent
+	// and the fields after it are under mu (redis_shard_refused.go)
 	sendMu    sync.Mutex
 	sent      []subscribeCmd
 	refused   map[string]bool // keys Redis refused alone; true while asked again
