@@ -30,6 +30,29 @@ func rejectedCalls(t *testing.T, rds *redistest.Server, command string) int {
 	return 0
 }
 
+// aclSite is a site whose sse handler reaches rds as the ACL user app
+// (password pw), with /metrics and the handler's extra settings.
+func aclSite(rds *redistest.Server, extra ...string) string {
+	return `
+:{PORT} {
+	metrics /metrics
+	sse /events {
+		channel {query.channels}
+		redis {
+			url ` + rds.URL() + `
+			username app
+			password pw
+			check_interval 300ms
+		}
+		` + strings.Join(extra, "\n\t\t") + `
+		publish {
+			secret ` + testSecret + `
+		}
+	}
+}
+`
+}
+
 // A Redis ACL user that may publish but not subscribe to the shard
 // channels (no SSUBSCRIBE). The refused subscription was taken for Redis
 // being unreachable: "redis is unreachable" and "reachable again" were
@@ -45,24 +68,7 @@ func TestRedisUserThatMayNotSubscribe(t *testing.T) {
 	rds.MustCLI("ACL", "SETUSER", "app", "on", ">pw", "~sse:*", "&sse:*", "+@all", "-ssubscribe")
 	logFile := filepath.Join(t.TempDir(), "sse.log")
 	admin := "127.0.0.1:" + strconv.Itoa(freePort(t))
-	srv := startCaddy(t, `
-:{PORT} {
-	metrics /metrics
-	sse /events {
-		channel {query.channels}
-		redis {
-			url `+rds.URL()+`
-			username app
-			password pw
-			check_interval 300ms
-		}
-		heartbeat 200ms
-		publish {
-			secret `+testSecret+`
-		}
-	}
-}
-`, "admin "+admin, sseLog(logFile))
+	srv := startCaddy(t, aclSite(rds, "heartbeat 200ms"), "admin "+admin, sseLog(logFile))
 	t.Cleanup(func() { _ = caddy.Load([]byte(`{"admin":{"disabled":true}}`), true) })
 	logs := func() string {
 		b, _ := os.ReadFile(logFile)
@@ -124,23 +130,7 @@ func TestRedisUserGrantedSomeChannelsKeepsTheOthersLive(t *testing.T) {
 	rds.MustCLI("ACL", "SETUSER", "app", "on", ">pw", "~sse:*", "+@all", "resetchannels",
 		"&sse:{a}", "&sse:{c}", "&sse:{sse,throttles}")
 	admin := "127.0.0.1:" + strconv.Itoa(freePort(t))
-	srv := startCaddy(t, `
-:{PORT} {
-	metrics /metrics
-	sse /events {
-		channel {query.channels}
-		redis {
-			url `+rds.URL()+`
-			username app
-			password pw
-			check_interval 300ms
-		}
-		publish {
-			secret `+testSecret+`
-		}
-	}
-}
-`, "admin "+admin)
+	srv := startCaddy(t, aclSite(rds), "admin "+admin)
 	t.Cleanup(func() { _ = caddy.Load([]byte(`{"admin":{"disabled":true}}`), true) })
 	a, c := srv.subscribe("/events?channels=a", nil), srv.subscribe("/events?channels=c", nil)
 	rds.WaitShardSubscribers(t, "sse:{a}", 1)
@@ -184,24 +174,7 @@ func TestRedisUserGrantedSomeChannelsKeepsTheOthersLive(t *testing.T) {
 func TestRedisManyRefusedChannelsAllGoLiveOnceGranted(t *testing.T) {
 	rds := redistest.Start(t)
 	rds.MustCLI("ACL", "SETUSER", "app", "on", ">pw", "~sse:*", "&sse:*", "+@all", "-ssubscribe")
-	srv := startCaddy(t, `
-:{PORT} {
-	metrics /metrics
-	sse /events {
-		channel {query.channels}
-		max_channels 100
-		redis {
-			url `+rds.URL()+`
-			username app
-			password pw
-			check_interval 300ms
-		}
-		publish {
-			secret `+testSecret+`
-		}
-	}
-}
-`)
+	srv := startCaddy(t, aclSite(rds, "max_channels 100"))
 	names := make([]string, 100)
 	for i := range names {
 		names[i] = fmt.Sprintf("ch%d", i)
