@@ -147,10 +147,10 @@ func (r *RedisThrottles) following() {
 // once, and go-redis opened its whole pool for them (20 connections, 1.6 MB
 // of buffers kept for half an hour).
 func (r *RedisThrottles) waitLoaded(ctx context.Context) bool {
-	refused := r.b.deniedSignal()
-	if r.b.watch.denied(r.b.Key(throttleChannel)) {
-		// Redis refuses the subscription of the announcements: those of
-		// other instances do not arrive, and Redis is asked instead
+	// while Redis refuses the subscription of the announcements, those of
+	// other instances do not arrive: Redis is asked instead
+	refused := func() bool { return r.b.watch.denied(r.b.Key(throttleChannel)) }
+	if refused() {
 		return false
 	}
 	select {
@@ -158,24 +158,9 @@ func (r *RedisThrottles) waitLoaded(ctx context.Context) bool {
 		return true
 	default:
 	}
-	timer := time.NewTimer(loadWait)
-	defer timer.Stop()
-	for {
-		select {
-		case <-r.ready:
-			return true
-		case <-timer.C:
-		case <-ctx.Done():
-		case <-r.b.downSignal(): // Redis is down: no load to wait for
-		case <-refused: // perhaps the subscription of the announcements
-			// Redis refuses some channels only (an ACL): wait on unless
-			// it is this one's
-			if refused = r.b.deniedSignal(); !r.b.watch.denied(r.b.Key(throttleChannel)) {
-				continue
-			}
-		}
-		return false
-	}
+	ctx, cancel := context.WithTimeout(ctx, loadWait)
+	defer cancel()
+	return r.b.awaitFirstSync(ctx, r.ready, refused) // false while Redis is down too: no load to wait for
 }
 
 // loadWait bounds how long a lookup waits for the announcements' load: a

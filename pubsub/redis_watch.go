@@ -196,31 +196,17 @@ func (w *watcher) startAt(ctx context.Context, key string) (replay.Position, boo
 	if wt == nil {
 		return replay.Position{}, false
 	}
-	refused := w.b.deniedSignal() // before the flag: a refusal after it signals
 	if wt.denied.Load() {
 		return replay.Position{}, false
 	}
 	select {
 	case <-wt.ready:
 	default:
-		timer := time.NewTimer(syncWait)
-		defer timer.Stop()
-	wait:
-		for {
-			select {
-			case <-wt.ready:
-			case <-timer.C:
-			case <-ctx.Done():
-			case <-w.b.downSignal(): // no sync to wait for: the stream opens degraded
-			case <-refused:
-				// Redis refuses some channels only (an ACL): wait on
-				// unless this one is refused (Read checks)
-				if refused = w.b.deniedSignal(); !wt.denied.Load() {
-					continue
-				}
-			}
-			break wait
-		}
+		ctx, cancel := context.WithTimeout(ctx, syncWait)
+		defer cancel()
+		// no sync to wait for while Redis is down or refuses the channel:
+		// the stream opens degraded (Read checks)
+		w.b.awaitFirstSync(ctx, wt.ready, wt.denied.Load)
 	}
 	return wt.delivered()
 }
@@ -258,19 +244,27 @@ func (w *watcher) synced(ctx context.Context, key string) bool {
 	if wt == nil {
 		return false
 	}
+	return w.b.awaitFirstSync(ctx, wt.ready, wt.denied.Load)
+}
+
+// awaitFirstSync waits until ready is closed (true), ctx ends, Redis is
+// found down, or Redis refuses the subscription that refused reports
+// (false). The refusal of another channel does not end the wait: an ACL
+// may refuse some channels only.
+func (b *Redis) awaitFirstSync(ctx context.Context, ready <-chan struct{}, refused func() bool) bool {
 	for {
-		refused := w.b.deniedSignal()
-		if wt.denied.Load() {
+		refusal := b.deniedSignal() // before the flag: a refusal after it signals
+		if refused() {
 			return false
 		}
 		select {
-		case <-wt.ready:
+		case <-ready:
 			return true
 		case <-ctx.Done():
 			return false
-		case <-w.b.downSignal():
+		case <-b.downSignal():
 			return false
-		case <-refused: // perhaps another channel's (an ACL refuses some only): look again
+		case <-refusal: // perhaps another channel's: look again
 		}
 	}
 }
