@@ -22,7 +22,14 @@ import (
 // it, then continues live. Until then it writes nothing but
 // heartbeats: without the history it cannot know where its channels are.
 
-// degrade marks the stream degraded, keeping the client's cursor for the
+// A stream may also wait for some of its channels only: those whose
+// subscription Redis refuses this instance (an ACL that grants the others,
+// which may never grant these). Its other channels start and go on live as
+// on any stream; the refused ones are pending (rareState.pending) and are
+// started as a degraded stream would be, each once Redis accepts it.
+
+// degrade marks the stream degraded — as a whole (slots nil), or only the
+// channels of slots —, keeping the client's cursor for the
 // replay once the backend is back. Until then the ids it writes (of
 // fallback-local events) carry the client's positions for the channels its
 // cursor names, and leave out those whose position it does not know: the
@@ -33,11 +40,14 @@ import (
 // that position are the ones published since the stream opened, for Redis
 // was down when it did (opened). Others start at the time the stream
 // opened (addSinceOpened).
-func (s *stream) degrade(idText string, cause error) {
+func (s *stream) degrade(idText string, cause error, slots slotBits) {
 	d := s.rareState()
-	d.idText, d.cause, d.unknown = idText, cause, newSlotBits(len(s.cursor))
+	d.idText, d.cause, d.unknown, d.pending = idText, cause, newSlotBits(len(s.cursor)), slots
 	cursor, _ := replay.ParseCursor(idText)
 	for slot := range s.cursor {
+		if slots != nil && !slots.has(slot) {
+			continue // started: its position is known
+		}
 		if pos, named := replay.Lookup(cursor, s.cursor[slot].Hash); named {
 			s.cursor[slot].Pos = pos
 		} else if pos, seen := s.h.hub.LastKnown(s.keys[slot]); seen {
@@ -83,9 +93,9 @@ func (s *stream) writeDegraded() error {
 		level, msg = zap.DebugLevel, "stream opened without history: Redis refuses the subscription of its channels"
 	}
 	if ce := s.h.logger.Check(level, msg); ce != nil {
-		ce.Write(zap.Strings("channels", s.names), zap.String("principal", s.who.principal), zap.NamedError("reason", cause))
+		ce.Write(zap.Strings("channels", s.pendingNames()), zap.String("principal", s.who.principal), zap.NamedError("reason", cause))
 	}
-	data, _ := json.Marshal(map[string][]string{"channels": s.names})
+	data, _ := json.Marshal(map[string][]string{"channels": s.pendingNames()})
 	s.buf = wire.AppendEnd(wire.AppendEvent(s.buf[:0], wire.TypeDegraded, data))
 	if err := s.out.Write(s.buf); err != nil {
 		return err
@@ -93,24 +103,71 @@ func (s *stream) writeDegraded() error {
 	return s.flush()
 }
 
+// pendingSlots returns the channels a stream degraded in part waits for
+// (nil: none, or the whole stream is degraded).
+func (s *stream) pendingSlots() slotBits {
+	if r := s.rare.Load(); r != nil {
+		return r.pending
+	}
+	return nil
+}
+
+// pendingNames names the channels the stream waits for: all of them if it
+// is degraded as a whole.
+func (s *stream) pendingNames() []string {
+	pending := s.pendingSlots()
+	if pending == nil {
+		return s.names
+	}
+	names := make([]string, 0, len(s.names))
+	for slot, name := range s.names {
+		if pending.has(slot) {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+// drainDegraded is drain for a degraded stream: it starts what it can,
+// then writes the live events of the channels that are not pending.
+func (s *stream) drainDegraded(ctx context.Context) error {
+	live, err := s.recover(ctx)
+	if err != nil {
+		return err
+	}
+	if !live {
+		return s.heartbeatIfDue() // proxies must not cut it
+	}
+	batch, overflowed := s.take()
+	if pending := s.pendingSlots(); pending != nil {
+		// in the history its start will read
+		batch = slices.DeleteFunc(batch, func(q queued) bool { return pending.has(q.slot) && !q.ev.Local })
+	}
+	_, err = s.drainBatch(ctx, batch, overflowed)
+	return err
+}
+
 // recover tries to leave the degraded state: it reports whether the stream
-// may write live events now. A failed attempt drops what was queued (it is
-// in the history the replay will read), but for the events that reached
-// only this instance (fallback local): no history has them, so they are
-// written now, as to every other stream.
+// may write live events now — of all its channels, or of those not pending
+// still. A failed attempt of a stream degraded as a whole drops what was
+// queued (it is in the history the replay will read), but for the events
+// that reached only this instance (fallback local): no history has them, so
+// they are written now, as to every other stream.
 func (s *stream) recover(ctx context.Context) (bool, error) {
+	d := s.rare.Load() // made by degrade
 	if s.h.hub.Available() {
-		d := s.rare.Load() // made by degrade
-		sp, err := s.startingPoint(ctx, d.idText)
+		sp, err := s.startingPointOf(ctx, d.idText, d.pending)
 		if err == nil {
 			err = s.addSinceOpened(ctx, &sp)
 		}
 		if err == nil {
-			d.unknown = nil
-			s.degraded.Store(false)
+			s.started(d, sp.refused)
 			s.h.metrics.replay(d.idText != "", len(sp.truncated) > 0)
 			return true, s.writeStart(sp)
 		}
+	}
+	if d.pending != nil {
+		return true, nil // its other channels are live
 	}
 	batch, overflowed := s.take()
 	local := slices.DeleteFunc(batch, func(q queued) bool { return !q.ev.Local })
@@ -125,6 +182,22 @@ func (s *stream) recover(ctx context.Context) (bool, error) {
 		err = errHistoryGap
 	}
 	return false, err
+}
+
+// started notes that the degraded stream's channels are started but for
+// those of refused (nil: all are): their positions are known now.
+func (s *stream) started(d *rareState, refused slotBits) {
+	if refused == nil {
+		d.unknown, d.pending = nil, nil
+		s.degraded.Store(false)
+		return
+	}
+	for slot := range s.keys {
+		if !refused.has(slot) {
+			d.unknown.clear(slot)
+		}
+	}
+	d.pending = refused
 }
 
 // openedSlack is how much earlier than the stream's start an event may

@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-sse/caddy-sse/internal/redistest"
+	"github.com/caddy-sse/caddy-sse/replay"
 )
 
 // rejectedCalls is the rejected_calls of a command in Redis' INFO
@@ -195,5 +196,113 @@ func TestRedisManyRefusedChannelsAllGoLiveOnceGranted(t *testing.T) {
 	srv.publish("/events", map[string]any{"channel": last, "data": "live"})
 	if ev := c.next(); ev.Data != "live" {
 		t.Fatalf("after the grant: %+v", ev)
+	}
+}
+
+// A stream of a granted and a refused channel: it was degraded as a whole
+// (no live event of the granted channel either) until Redis accepted the
+// refused one, which a deliberate ACL may never do. Now only the refused
+// channel waits: sse_degraded names it alone, the granted channel's events
+// arrive live (their ids leave out the refused channel, whose position the
+// stream does not know), and once the ACL grants it, the stream gets what
+// was published to it since it opened (here by a backend's own Redis user)
+// and goes on live with both.
+func TestRedisStreamOfAGrantedAndARefusedChannelKeepsTheGrantedOneLive(t *testing.T) {
+	rds := redistest.Start(t)
+	rds.MustCLI("ACL", "SETUSER", "app", "on", ">pw", "~sse:*", "+@all", "resetchannels",
+		"&sse:{a}", "&sse:{sse,throttles}")
+	srv := startCaddy(t, aclSite(rds))
+	t.Cleanup(func() { _ = caddy.Load([]byte(`{"admin":{"disabled":true}}`), true) })
+	srv.publish("/events", map[string]any{"channel": "a", "data": "a-before"}) // loads the library
+
+	c := srv.subscribe("/events?channels=a,b", nil)
+	if ev := c.next(); ev.Type != "sse_degraded" || ev.Data != `{"channels":["b"]}` {
+		t.Fatalf("first event %+v, want sse_degraded naming the refused channel only", ev)
+	}
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
+	srv.publish("/events", map[string]any{"channel": "a", "data": "a-live"})
+	ev := c.next()
+	if ev.Data != "a-live" {
+		t.Fatalf("the granted channel's event beside a refused one: %+v, want it live", ev)
+	}
+	if cursor, ok := replay.ParseCursor(ev.ID); !ok || len(cursor) != 1 {
+		t.Fatalf("id %q of the granted channel's event, want a cursor of that channel alone", ev.ID)
+	}
+
+	rds.MustCLI("FCALL", "sse_publish_v1", "1", "sse:{b}", "", "b-meanwhile") // a backend's user may
+	rds.MustCLI("ACL", "SETUSER", "app", "&sse:{b}")
+	if ev := c.next(); ev.Data != "b-meanwhile" {
+		t.Fatalf("after the ACL granted the refused channel: %+v, want what was published to it since the stream opened", ev)
+	}
+	rds.WaitShardSubscribers(t, "sse:{b}", 1)
+	srv.publish("/events", map[string]any{"channel": "b", "data": "b-live"})
+	srv.publish("/events", map[string]any{"channel": "a", "data": "a-after"})
+	if got := c.nextData(2); got[0] != "b-live" || got[1] != "a-after" {
+		t.Fatalf("live after the grant: %q", got)
+	}
+}
+
+// A stream waiting for a refused channel whose queue overflows catches up
+// on the others from the history, and not on the refused one: reading its
+// history fails for as long as Redis refuses it, which would end the stream.
+func TestRedisStreamWaitingForARefusedChannelCatchesUpOnTheOthers(t *testing.T) {
+	rds := redistest.Start(t)
+	rds.MustCLI("ACL", "SETUSER", "app", "on", ">pw", "~sse:*", "+@all", "resetchannels",
+		"&sse:{a}", "&sse:{sse,throttles}")
+	srv := startCaddy(t, aclSite(rds, "queue 2", "history 1000", "history_bytes 16MiB", "slow_client_timeout 1m"))
+	t.Cleanup(func() { _ = caddy.Load([]byte(`{"admin":{"disabled":true}}`), true) })
+	c, v := openValved(t, srv.base+"/events?channels=a,b", smallReceiveBuffer())
+	if ev := c.next(); ev.Type != "sse_degraded" {
+		t.Fatalf("first event %+v, want sse_degraded", ev)
+	}
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
+	srv.publishN("a", "w", 1, 1)
+	expectData(t, c, "w1")
+	v.stall()
+	big := strings.Repeat("y", 60000) // 6 MB in all: more than the sockets hold
+	for i := 2; i <= 101; i++ {
+		srv.publish("/events", map[string]any{"channel": "a", "data": "w" + itoa(i) + big})
+	}
+	v.resume()
+	for want := uint64(2); want <= 101; want++ {
+		if got := seqOf(t, c.next().ID).Seq; got != want {
+			t.Fatalf("seq %d, want %d", got, want)
+		}
+	}
+	srv.publishN("a", "w", 102, 102)
+	if ev := c.next(); ev.Data != "w102" {
+		t.Fatalf("live after the catch-up: %.10s", ev.Data)
+	}
+}
+
+// A stream all of whose channels Redis refuses is degraded as a whole; once
+// the ACL grants one of them, that one starts (what was published to it
+// since the stream opened, then live) without waiting for the other.
+func TestRedisStreamOfRefusedChannelsStartsEachOneGranted(t *testing.T) {
+	rds := redistest.Start(t)
+	rds.MustCLI("ACL", "SETUSER", "app", "on", ">pw", "~sse:*", "+@all", "resetchannels", "&sse:{sse,throttles}")
+	srv := startCaddy(t, aclSite(rds))
+	t.Cleanup(func() { _ = caddy.Load([]byte(`{"admin":{"disabled":true}}`), true) })
+	c := srv.subscribe("/events?channels=a,b", nil)
+	if ev := c.next(); ev.Type != "sse_degraded" || ev.Data != `{"channels":["a","b"]}` {
+		t.Fatalf("first event %+v, want sse_degraded naming both channels", ev)
+	}
+	eventually(t, "the instance to load its library (for the backend's FCALL)", func() bool {
+		return strings.Contains(rds.MustCLI("FUNCTION", "LIST"), "sse_publish_v1")
+	})
+	rds.MustCLI("FCALL", "sse_publish_v1", "1", "sse:{a}", "", "a-meanwhile")
+	rds.MustCLI("ACL", "SETUSER", "app", "&sse:{a}")
+	if ev := c.next(); ev.Data != "a-meanwhile" {
+		t.Fatalf("after the ACL granted one channel: %+v, want what was published to it since the stream opened", ev)
+	}
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
+	srv.publish("/events", map[string]any{"channel": "a", "data": "a-live"})
+	if ev := c.next(); ev.Data != "a-live" {
+		t.Fatalf("the granted channel's live event while the other is refused: %+v", ev)
+	}
+	rds.MustCLI("FCALL", "sse_publish_v1", "1", "sse:{b}", "", "b-meanwhile")
+	rds.MustCLI("ACL", "SETUSER", "app", "&sse:{b}")
+	if ev := c.next(); ev.Data != "b-meanwhile" {
+		t.Fatalf("after the ACL granted the other channel: %+v", ev)
 	}
 }

@@ -239,6 +239,9 @@ type rareState struct {
 	// know: they are left out of its ids until it writes one of their
 	// events; nil once it recovered
 	unknown slotBits
+	// pending marks the channels a stream degraded in part waits for (those
+	// Redis refuses this instance); nil if it is degraded as a whole or not
+	pending slotBits
 	// opened holds where this instance last saw each channel the cursor
 	// does not name (zero: not seen); nil if it saw none
 	opened []replay.Position
@@ -367,13 +370,7 @@ func (s *stream) writeStep(ctx context.Context) (ended bool, err error) {
 // overflow), or a heartbeat if the stream is due one, and flushes once.
 func (s *stream) drain(ctx context.Context) error {
 	if s.degraded.Load() {
-		live, err := s.recover(ctx)
-		if err != nil {
-			return err
-		}
-		if !live {
-			return s.heartbeatIfDue()
-		}
+		return s.drainDegraded(ctx)
 	}
 	batch, overflowed := s.take()
 	_, err := s.drainBatch(ctx, batch, overflowed)
@@ -413,7 +410,11 @@ func (s *stream) drainBatch(ctx context.Context, batch []queued, overflowed bool
 			return nil, s.endAtLostLocal(lost)
 		}
 		s.h.metrics.catchUp()
+		pending := s.pendingSlots()
 		for slot := range s.keys {
+			if pending != nil && pending.has(slot) {
+				continue // not started: its start reads the history
+			}
 			n, err := s.repair(ctx, slot)
 			if err != nil {
 				return nil, err

@@ -89,10 +89,12 @@ func (h *Handler) openStream(w http.ResponseWriter, r *http.Request) (*stream, s
 	switch {
 	case errors.Is(err, pubsub.ErrUnavailable):
 		// SPEC S9: open live-only, say so, and replay once Redis is back
-		s.degrade(lastEventID(r), err)
+		s.degrade(lastEventID(r), err, nil)
 		start = startingPoint{}
 	case err != nil:
 		return nil, startingPoint{}, h.reject(w, r, &rejection{status: http.StatusServiceUnavailable, code: "history_unavailable", detail: err.Error()}, time.Second)
+	case start.refused != nil:
+		s.degrade(lastEventID(r), start.refusal, start.refused) // those channels only
 	}
 	s.writeHeaders(w, start.truncated)
 	if r.Method == http.MethodHead {
@@ -276,6 +278,12 @@ func lastEventID(r *http.Request) string {
 type startingPoint struct {
 	pages     []replay.Page
 	truncated []string
+	// refused marks the channels left out because Redis refuses this
+	// instance their subscription (an ACL) while it read the others: the
+	// stream waits for those alone (degraded.go); nil if none. refusal is
+	// why.
+	refused slotBits
+	refusal error
 }
 
 // startingPoint reads, for every channel, the events after the client's
@@ -283,6 +291,14 @@ type startingPoint struct {
 // also sets each channel's position to where the client is: a reconnect
 // in the middle of the replay resumes from there.
 func (s *stream) startingPoint(ctx context.Context, idText string) (startingPoint, error) {
+	return s.startingPointOf(ctx, idText, nil)
+}
+
+// startingPointOf is startingPoint for the channels of only (all if nil).
+// A channel whose subscription Redis refuses is left out (refused), unless
+// every channel it reads is: then it fails as their reads did. A deliberate
+// ACL may never grant it, and the others need not wait for it.
+func (s *stream) startingPointOf(ctx context.Context, idText string, only slotBits) (startingPoint, error) {
 	var cursor []replay.ChannelPosition
 	garbage := false
 	if idText != "" {
@@ -291,16 +307,26 @@ func (s *stream) startingPoint(ctx context.Context, idText string) (startingPoin
 		garbage = !ok
 	}
 	sp := startingPoint{pages: make([]replay.Page, len(s.keys))}
+	read := 0
 	for slot := range s.keys {
+		if only != nil && !only.has(slot) {
+			continue
+		}
 		after, named := replay.Lookup(cursor, s.cursor[slot].Hash)
 		var from *replay.Position
 		if named {
 			from = &after
 		}
 		page, err := s.readHistory(ctx, slot, from, s.h.ReplayLimit)
+		if errors.Is(err, pubsub.ErrSubscribeDenied) {
+			sp.refuse(slot, len(s.keys), err)
+			s.fresh.clear(slot) // its head was not read
+			continue
+		}
 		if err != nil {
 			return sp, err
 		}
+		read++
 		sp.pages[slot] = page
 		s.cursor[slot].Pos = page.Head
 		s.fresh.clear(slot)
@@ -318,7 +344,19 @@ func (s *stream) startingPoint(ctx context.Context, idText string) (startingPoin
 			sp.truncated = append(sp.truncated, s.names[slot])
 		}
 	}
+	if read == 0 && sp.refusal != nil {
+		return sp, sp.refusal
+	}
 	return sp, nil
+}
+
+// refuse marks slot (of n) as left out for Redis' refusal err.
+func (sp *startingPoint) refuse(slot, n int, err error) {
+	if sp.refused == nil {
+		sp.refused = newSlotBits(n)
+	}
+	sp.refused.set(slot)
+	sp.refusal = err
 }
 
 // writeHeaders sends the stream's headers (SPEC S2).
@@ -356,7 +394,10 @@ func (s *stream) open(ctx context.Context, sp startingPoint) error {
 		return nil // closing already: run tells the client at once
 	}
 	if s.degraded.Load() {
-		return s.writeDegraded()
+		if err := s.writeDegraded(); err != nil || s.pendingSlots() == nil {
+			return err
+		}
+		// its other channels start now
 	}
 	return s.writeStart(sp)
 }

@@ -350,14 +350,7 @@ func (s *stream) slowDrain(batch []queued, overflowed bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(s.h.SlowClientTimeout))
 	defer cancel()
 	if s.degraded.Load() {
-		live, err := s.recover(ctx)
-		if err != nil {
-			return err
-		}
-		if !live {
-			return s.heartbeatIfDue() // as drain does: proxies must not cut it
-		}
-		batch, overflowed = s.take()
+		return s.drainDegraded(ctx)
 	}
 	_, err := s.drainBatch(ctx, batch, overflowed)
 	return err
