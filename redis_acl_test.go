@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -304,5 +305,46 @@ func TestRedisStreamOfRefusedChannelsStartsEachOneGranted(t *testing.T) {
 	rds.MustCLI("ACL", "SETUSER", "app", "&sse:{b}")
 	if ev := c.next(); ev.Data != "b-meanwhile" {
 		t.Fatalf("after the ACL granted the other channel: %+v", ev)
+	}
+}
+
+// A Redis user refused PING (an ACL without +ping). A quiet pub/sub
+// connection is pinged every check interval, and the NOPERM that answered
+// it, with no subscription awaiting a reply, was taken for Redis refusing
+// the shard's subscriptions: the connection was dropped, its channels
+// unsubscribed for the reconnection's backoff (up to 2 s, again at every
+// quiet check interval), new streams opened degraded meanwhile, and the
+// error log asked for +ssubscribe, which the user had. A refused PING is
+// an answer: the connection is alive and keeps its subscriptions, and
+// what the user lacks is logged once.
+func TestRedisUserRefusedPingKeepsItsSubscriptions(t *testing.T) {
+	rds := redistest.Start(t)
+	grants := slices.DeleteFunc(slices.Concat(aclLibrary, aclCommands), func(g string) bool { return g == "+ping" })
+	setACLUser(t, rds, grants...)
+	logFile := filepath.Join(t.TempDir(), "sse.log")
+	srv := startCaddy(t, aclSite(rds, "heartbeat 200ms"), sseLog(logFile))
+	logs := func() string {
+		b, _ := os.ReadFile(logFile)
+		return string(b)
+	}
+	c := srv.subscribe("/events?channels=a", nil)
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
+	eventually(t, "the quiet connection's PING to be refused three times", func() bool { return rejectedCalls(t, rds, "ping") >= 3 })
+
+	if text := logs(); strings.Contains(text, "refuses this instance's subscriptions") {
+		t.Fatalf("a refused PING was taken for refused subscriptions:\n%s", text)
+	}
+	if n := metric(t, srv.scrape(), "caddy_sse_redis_channels_denied"); n != 0 {
+		t.Fatalf("caddy_sse_redis_channels_denied = %v after refused PINGs", n)
+	}
+	d := srv.subscribe("/events?channels=a", nil)
+	srv.publish("/events", map[string]any{"channel": "a", "data": "live"})
+	for _, s := range []*sseClient{c, d} {
+		if ev := s.next(); ev.Data != "live" {
+			t.Fatalf("after refused PINGs: %+v, want the live event", ev)
+		}
+	}
+	if n := strings.Count(logs(), `"acl_needed":"+ping"`); n != 1 {
+		t.Fatalf("the refused PING was logged %d times, want once:\n%s", n, logs())
 	}
 }

@@ -80,6 +80,7 @@ type Redis struct {
 	quit          chan struct{} // closed by Close
 	probes        probes        // of Redis while it is down
 	denials       denials       // shards whose subscriptions Redis refuses (redis_denied.go)
+	pingRefused   atomic.Bool   // Redis refused a PING (ACL), logged (warnPingRefused)
 	stateMu       sync.Mutex
 	wentDown      chan struct{} // closed when Redis stops answering; replaced when it answers again
 	downLogged    bool

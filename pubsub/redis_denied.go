@@ -3,6 +3,7 @@ package pubsub
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -47,6 +48,25 @@ type denials struct {
 // isNoPerm reports whether Redis refused a command for the user's ACL.
 func isNoPerm(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "NOPERM")
+}
+
+// isPingRefused reports whether Redis refused a PING for the user's ACL
+// (NOPERM ... to run the 'ping' command).
+func isPingRefused(err error) bool {
+	return isNoPerm(err) && refusedPing.MatchString(strings.ToLower(err.Error()))
+}
+
+var refusedPing = regexp.MustCompile(`run the ['"` + "`" + `]ping['"` + "`" + `]`)
+
+// warnPingRefused logs, once for the broker's life, that Redis refuses
+// this user PING. The pub/sub connections go on (the refusal answers their
+// PING), but a probe of a Redis that stopped answering (redis_probe.go)
+// takes a refusal for no answer, and Redis' ACL LOG notes every one.
+func (b *Redis) warnPingRefused(err error) {
+	if !b.pingRefused.Swap(true) {
+		b.log().Warn("redis refuses this instance's user the PING command (ACL); the Redis user needs it",
+			zap.String("acl_needed", "+ping"), zap.Error(err))
+	}
 }
 
 // deniedSignal returns a channel closed at the next refusal of a shard's
