@@ -39,10 +39,19 @@ var (
 	}
 	// aclSituational: for db other than 0, for wait_replicas
 	aclSituational = []string{"+select", "+wait"}
+	// aclCluster: a cluster's slots; go-redis' routing reads COMMAND (and
+	// asks again before every command while it is refused); ASKING
+	// follows a slot being migrated
+	aclCluster = []string{"+cluster|slots", "+command", "+asking"}
+	// aclSentinel is the Sentinels' own user (sentinel_username): the
+	// master's address, the other Sentinels, and the subscription to
+	// failovers that go-redis pings when quiet
+	aclSentinel = []string{"+sentinel|get-master-addr-by-name", "+sentinel|sentinels", "+subscribe", "+ping",
+		"&+switch-master", "&+replica-reconf-done"}
 	// aclUnreached are commands of the list that the test's flows do not
 	// make Redis run: ZMSCORE counts leases released and not yet removed
-	// when an instance is full, a race.
-	aclUnreached = []string{"+zmscore"}
+	// when an instance is full, a race; ASKING needs a slot migrating.
+	aclUnreached = []string{"+zmscore", "+asking"}
 )
 
 // setACLUser makes the Redis user app (password pw) with the prefix's keys
@@ -243,6 +252,75 @@ func expectRun(t *testing.T, rds *redistest.Server, grants []string) {
 	for _, grant := range grants {
 		if name := strings.TrimPrefix(grant, "+"); calls[name] == 0 && !slices.Contains(aclUnreached, grant) {
 			t.Errorf("%s was granted and never run", grant)
+		}
+	}
+}
+
+// A Redis Cluster: each node has the user, with the cluster's commands
+// besides; streams and publishes of channels on every primary, and their
+// caps, work, and no node refused anything.
+func TestRedisLeastPrivilegeUserOnACluster(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	grants := slices.Concat(aclLibrary, aclCommands, aclCluster)
+	for _, n := range cluster.Nodes {
+		setACLUser(t, n, grants...)
+		n.MustCLI("CONFIG", "RESETSTAT")
+	}
+	srv := startCaddy(t, redisBlockSite("addresses "+strings.Join(cluster.Addrs(), " ")+
+		"\n\t\t\tusername app\n\t\t\tpassword pw\n\t\t\tcheck_interval 300ms",
+		"principal {query.user}", "max_connections_per_principal 1"))
+	channels := []string{"a", "b", "c", "d"} // on three primaries
+	streams := make([]*sseClient, len(channels))
+	for i, ch := range channels {
+		streams[i] = srv.subscribe("/events?user="+ch+"&channels="+ch, nil)
+		cluster.NodeOfSlot(t, redistest.SlotOf(ch)).WaitShardSubscribers(t, "sse:{"+ch+"}", 1)
+	}
+	for i, ch := range channels {
+		srv.publish("/events", map[string]any{"channel": ch, "data": "live-" + ch})
+		if ev := streams[i].next(); ev.Data != "live-"+ch {
+			t.Fatalf("channel %s: %+v, want its live event", ch, ev)
+		}
+	}
+	calls := map[string]int{}
+	for _, n := range cluster.Nodes {
+		if refused := aclLogObjects(t, n); len(refused) > 0 {
+			t.Errorf("node %s refused the user %q (ACL LOG)", n.Addr(), refused)
+		}
+		for name, c := range commandCalls(t, n) {
+			calls[name] += c
+		}
+	}
+	for _, grant := range aclCluster {
+		if name := strings.TrimPrefix(grant, "+"); calls[name] == 0 && !slices.Contains(aclUnreached, grant) {
+			t.Errorf("%s was granted and never run", grant)
+		}
+	}
+}
+
+// Sentinel: the data nodes have the user (ACLs are not replicated: the
+// replica, a primary after a failover, needs it too), the Sentinel a user
+// of its own (sentinel_username) with aclSentinel. The master is found,
+// events flow, and nothing is refused, also once go-redis has pinged its
+// quiet subscription to the Sentinel's failovers (every 3 s).
+func TestRedisLeastPrivilegeUsersWithSentinel(t *testing.T) {
+	s := redistest.StartSentinel(t)
+	for _, n := range []*redistest.Server{s.Primary, s.Replica} {
+		setACLUser(t, n, slices.Concat(aclLibrary, aclCommands)...)
+	}
+	s.Sentinel.MustCLI(append([]string{"ACL", "SETUSER", "watcher", "reset", "on", ">spw", "resetchannels", "-@all"}, aclSentinel...)...)
+	srv := startCaddy(t, redisBlockSite("addresses "+s.Sentinel.Addr()+"\n\t\t\tsentinel "+s.Master+
+		"\n\t\t\tsentinel_username watcher\n\t\t\tsentinel_password spw"+
+		"\n\t\t\tusername app\n\t\t\tpassword pw\n\t\t\tcheck_interval 300ms"))
+	c := srv.subscribe("/events?channels=p", nil)
+	s.Primary.WaitShardSubscribers(t, "sse:{p}", 1)
+	srv.publish("/events", map[string]any{"channel": "p", "data": "live"})
+	if ev := c.next(); ev.Data != "live" {
+		t.Fatalf("%+v, want the live event", ev)
+	}
+	time.Sleep(3500 * time.Millisecond) // go-redis' health check of the Sentinel subscription
+	for _, n := range []*redistest.Server{s.Primary, s.Replica, s.Sentinel} {
+		if refused := aclLogObjects(t, n); len(refused) > 0 {
+			t.Errorf("%s refused its user %q (ACL LOG)", n.Addr(), refused)
 		}
 	}
 }
