@@ -2,6 +2,7 @@ package caddysse
 
 import (
 	"context"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -321,6 +322,35 @@ func TestRedisLeastPrivilegeUsersWithSentinel(t *testing.T) {
 	for _, n := range []*redistest.Server{s.Primary, s.Replica, s.Sentinel} {
 		if refused := aclLogObjects(t, n); len(refused) > 0 {
 			t.Errorf("%s refused its user %q (ACL LOG)", n.Addr(), refused)
+		}
+	}
+}
+
+// README gives the least-privilege user as one ACL SETUSER line: it grants
+// what the test does.
+func TestREADMEGivesTheLeastPrivilegeUser(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var line string
+	for l := range strings.SplitSeq(string(readme), "\n") {
+		if strings.Contains(l, "ACL SETUSER") && strings.Contains(l, "-@all") {
+			line = l
+		}
+	}
+	if line == "" {
+		t.Fatal("README has no ACL SETUSER line with -@all")
+	}
+	granted := strings.Fields(line)
+	for _, grant := range slices.Concat([]string{"resetchannels", "~sse:*", "&sse:*"}, aclLibrary, aclCommands) {
+		if !slices.Contains(granted, grant) {
+			t.Errorf("README's ACL SETUSER line lacks %s", grant)
+		}
+	}
+	for _, grant := range granted {
+		if strings.HasPrefix(grant, "+") && !slices.Contains(slices.Concat(aclLibrary, aclCommands), grant) {
+			t.Errorf("README's ACL SETUSER line grants %s, which the test does not", grant)
 		}
 	}
 }
