@@ -1,6 +1,13 @@
 package pubsub
 
-import "testing"
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/caddy-sse/caddy-sse/internal/redistest"
+	"github.com/caddy-sse/caddy-sse/replay"
+)
 
 // Only a refusal of PING itself answers a pub/sub connection's PING; a
 // refused subscription (of the command, or of a channel) does not.
@@ -18,5 +25,22 @@ func TestIsPingRefusedOnlyForARefusedPing(t *testing.T) {
 	}
 	if isPingRefused(nil) {
 		t.Error("isPingRefused(nil)")
+	}
+}
+
+// While Redis is marked down, a publish asks a probe (a PING) whether Redis
+// answers. A user without +ping gets NOPERM: an answer, though not a PONG.
+// It was taken for none, so the publish failed (503) while Redis answered.
+func TestRedisProbeTakesARefusedPingForAnAnswer(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.MustCLI("ACL", "SETUSER", "app", "on", ">pw", "~*", "&*", "+@all", "-ping")
+	b, err := NewRedis(RedisOptions{Addrs: []string{srv.Addr()}, Username: "app", Password: "pw"}, func(string, *replay.Event) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	b.setUp(false, errors.New("a test marks it down"))
+	if !b.reachable(context.Background(), b.Key("a")) {
+		t.Fatal("a probe answered NOPERM was taken for no answer")
 	}
 }

@@ -115,11 +115,15 @@ func (ps *probes) start(addr string, ping func() bool) *probe {
 }
 
 // ping asks node for a PONG, within one read timeout (no retry cycle), and
-// records whether Redis answered.
+// records whether Redis answered: any reply but one that says it cannot
+// serve (LOADING and the like) is an answer, a NOPERM to a user without
+// +ping too.
 func (b *Redis) ping(node *redis.Client) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), b.opts.attemptTimeout())
 	defer cancel()
-	return b.classify(node.Ping(ctx).Err()) == nil
+	err := b.classify(node.Ping(ctx).Err())
+	var reply redis.Error
+	return err == nil || errors.As(err, &reply) && !errors.Is(err, ErrUnavailable)
 }
 
 // errStalled is why a publish call marked Redis down before go-redis gave up.
