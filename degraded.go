@@ -161,8 +161,9 @@ func (s *stream) recover(ctx context.Context) (bool, error) {
 			err = s.addSinceOpened(ctx, &sp)
 		}
 		if err == nil {
+			first := d.pending == nil // degraded as a whole until now: its replay is not counted yet
 			s.started(d, sp.refused)
-			s.h.metrics.replay(d.idText != "", len(sp.truncated) > 0)
+			s.countStart(d, first, len(sp.truncated) > 0)
 			return true, s.writeStart(sp)
 		}
 	}
@@ -198,6 +199,23 @@ func (s *stream) started(d *rareState, refused slotBits) {
 		}
 	}
 	d.pending = refused
+}
+
+// countStart counts, in the metrics, the replay of a degraded stream that
+// starts channels: the stream once, when it starts its first ones (at its
+// open, for a stream that waits for refused channels only: begin), and its
+// replay as truncated once, whichever of its starts was.
+func (s *stream) countStart(d *rareState, first, truncated bool) {
+	if d.idText == "" {
+		return // no cursor: no replay to count
+	}
+	switch {
+	case first:
+		s.h.metrics.replay(true, truncated)
+	case truncated && !d.truncCounted:
+		s.h.metrics.replayTruncated()
+	}
+	d.truncCounted = d.truncCounted || truncated
 }
 
 // openedSlack is how much earlier than the stream's start an event may

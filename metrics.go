@@ -195,6 +195,15 @@ func (m *metrics) replay(withCursor, truncated bool) {
 	}
 }
 
+// replayTruncated counts as truncated the replay, counted already, of a
+// stream that started some of its channels later (they waited for Redis to
+// accept their subscription) and found one of those truncated.
+func (m *metrics) replayTruncated() {
+	if m != nil {
+		m.truncated.Inc()
+	}
+}
+
 func (m *metrics) replayed(events int) {
 	if m != nil && events > 0 {
 		m.replayedEvents.Add(float64(events))

@@ -348,3 +348,66 @@ func TestRedisUserRefusedPingKeepsItsSubscriptions(t *testing.T) {
 		t.Fatalf("the refused PING was logged %d times, want once:\n%s", n, logs())
 	}
 }
+
+// A stream that opens with a cursor and waits for refused channels writes
+// the replay of the others at once: caddy_sse_replays_total counts it then,
+// once. It counted it only when Redis accepted a refused channel (never,
+// with an ACL that does not grant it), and again at each refused channel
+// started. A replay truncated in any part counts once as truncated.
+func TestRedisStreamWaitingForRefusedChannelsCountsItsReplayOnce(t *testing.T) {
+	rds := redistest.Start(t)
+	rds.MustCLI("ACL", "SETUSER", "app", "on", ">pw", "~sse:*", "+@all", "resetchannels",
+		"&sse:{a}", "&sse:{b}", "&sse:{c}", "&sse:{sse,throttles}")
+	srv := startCaddy(t, aclSite(rds))
+	t.Cleanup(func() { _ = caddy.Load([]byte(`{"admin":{"disabled":true}}`), true) })
+	c := srv.subscribe("/events?channels=a,b,c", nil)
+	for _, ch := range []string{"a", "b", "c"} {
+		rds.WaitShardSubscribers(t, "sse:{"+ch+"}", 1)
+	}
+	for _, ch := range []string{"a", "b", "c"} {
+		srv.publish("/events", map[string]any{"channel": ch, "data": ch + "1"})
+	}
+	cursor := expectData(t, c, "a1", "b1", "c1")[2].ID
+	c.close()
+	rds.WaitShardSubscribers(t, "sse:{b}", 0)
+	rds.WaitShardSubscribers(t, "sse:{c}", 0)
+	rds.MustCLI("ACL", "SETUSER", "app", "resetchannels", "&sse:{a}", "&sse:{sse,throttles}")
+	// a stream of b and c has the instance subscribe them (and learn that
+	// Redis refuses them) before the one with the cursor reads them
+	other := srv.subscribe("/events?channels=b,c", nil)
+	if ev := other.next(); ev.Type != "sse_degraded" {
+		t.Fatalf("first event of the refused channels' stream: %+v", ev)
+	}
+	counts := func() (replays, truncated float64) {
+		scrape := srv.scrape()
+		return metric(t, scrape, "caddy_sse_replays_total"), metric(t, scrape, "caddy_sse_replays_truncated_total")
+	}
+	replays, truncated := counts()
+
+	srv.publish("/events", map[string]any{"channel": "a", "data": "a2"})
+	for _, data := range []string{"b2", "b3", "b4"} { // a history of 2: b's replay is truncated
+		rds.MustCLI("FCALL", "sse_publish_v1", "1", "sse:{b}", "", data, "2")
+	}
+	rds.MustCLI("FCALL", "sse_publish_v1", "1", "sse:{c}", "", "c2")
+	c = srv.subscribe("/events?channels=a,b,c", header("Last-Event-ID", cursor))
+	if ev := c.next(); ev.Type != "sse_degraded" || ev.Data != `{"channels":["b","c"]}` {
+		t.Fatalf("first event %+v, want sse_degraded naming b and c", ev)
+	}
+	expectData(t, c, "a2")
+	if r, tr := counts(); r != replays+1 || tr != truncated {
+		t.Fatalf("after the replay of a: replays_total %v, replays_truncated_total %v; want %v, %v", r, tr, replays+1, truncated)
+	}
+	rds.MustCLI("ACL", "SETUSER", "app", "&sse:{c}")
+	expectData(t, c, "c2")
+	if r, tr := counts(); r != replays+1 || tr != truncated {
+		t.Fatalf("after c started: replays_total %v, replays_truncated_total %v; want %v, %v", r, tr, replays+1, truncated)
+	}
+	rds.MustCLI("ACL", "SETUSER", "app", "&sse:{b}")
+	if ev := c.next(); ev.Type != "sse_truncated" || ev.Data != `{"channels":["b"]}` {
+		t.Fatalf("once b started: %+v, want sse_truncated naming b", ev)
+	}
+	expectData(t, c, "b3", "b4")
+	if r, tr := counts(); r != replays+1 || tr != truncated+1 {
+		t.Fatalf("after b started, truncated: replays_total %v, replays_truncated_total %v; want %v, %v", r, tr, replays+1, truncated+1)
+	}
+}

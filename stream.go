@@ -242,6 +242,8 @@ type rareState struct {
 	// pending marks the channels a stream degraded in part waits for (those
 	// Redis refuses this instance); nil if it is degraded as a whole or not
 	pending slotBits
+	// truncCounted: the metrics counted its replay as truncated (countStart)
+	truncCounted bool
 	// opened holds where this instance last saw each channel the cursor
 	// does not name (zero: not seen); nil if it saw none
 	opened []replay.Position

@@ -139,8 +139,13 @@ func (s *stream) begin(replay bool, start startingPoint) {
 	h.streams.add(s)
 	h.metrics.streamOpened()
 	s.begun = true
-	if !s.degraded.Load() { // a degraded stream's replay is counted when it recovers
+	switch {
+	case !s.degraded.Load():
 		h.metrics.replay(replay, len(start.truncated) > 0)
+	case s.pendingSlots() != nil:
+		// it waits for refused channels only: the others' replay is
+		// written now (one degraded as a whole is counted when it recovers)
+		s.countStart(s.rare.Load(), true, len(start.truncated) > 0)
 	}
 	// Check first: the fields cost allocations on every stream's start
 	// even when debug logging is off.
