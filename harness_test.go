@@ -211,8 +211,9 @@ type sseClient struct {
 	events   chan sseEvent
 	comments chan string
 	done     chan struct{}
-	// lastSeenID is the client's Last-Event-ID: the last id field read,
-	// also one of a block that dispatched no event (id-only)
+	// lastSeenID is the client's Last-Event-ID: the last id field of a
+	// block that ended (its blank line read), also one that dispatched no
+	// event (id-only), as a browser keeps it
 	lastSeenID atomic.Pointer[string]
 }
 
@@ -266,6 +267,7 @@ func (c *sseClient) read() {
 	sc := bufio.NewScanner(c.resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	var typ, lastID string
+	idSeen := false
 	var data strings.Builder
 	hasData := false
 	retry := -1
@@ -273,6 +275,12 @@ func (c *sseClient) read() {
 		line := sc.Text()
 		switch {
 		case line == "":
+			if idSeen {
+				// a browser's Last-Event-ID moves at dispatch, not at the id
+				// line: a stream cut inside a block leaves it where it was
+				id := lastID
+				c.lastSeenID.Store(&id)
+			}
 			if hasData {
 				ev := sseEvent{Type: typ, Data: strings.TrimSuffix(data.String(), "\n"), ID: lastID, Retry: retry}
 				if ev.Type == "" {
@@ -299,8 +307,7 @@ func (c *sseClient) read() {
 				hasData = true
 			case "id":
 				if !strings.ContainsRune(value, 0) {
-					lastID = value
-					c.lastSeenID.Store(&value)
+					lastID, idSeen = value, true
 				}
 			case "retry":
 				if n, err := strconv.Atoi(value); err == nil {
