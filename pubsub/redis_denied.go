@@ -60,8 +60,8 @@ var refusedPing = regexp.MustCompile(`run the ['"` + "`" + `]ping['"` + "`" + `]
 
 // warnPingRefused logs, once for the broker's life, that Redis refuses
 // this user PING. The pub/sub connections go on (the refusal answers their
-// PING), but a probe of a Redis that stopped answering (redis_probe.go)
-// takes a refusal for no answer, and Redis' ACL LOG notes every one.
+// PING, as it answers a probe of a Redis marked down: redis_probe.go), but
+// Redis' ACL LOG notes every one.
 func (b *Redis) warnPingRefused(err error) {
 	if !b.pingRefused.Swap(true) {
 		b.log().Warn("redis refuses this instance's user the PING command (ACL); the Redis user needs it",
