@@ -634,10 +634,12 @@ func TestReplayAcrossRestartRedis(t *testing.T) {
 
 // Overflow: queue 2, a burst of 100 events while the reader is stalled;
 // once it reads again every event arrives once, in order.
-func overflowCatchUp(t *testing.T, srv *testServer, waitReady func()) {
-	c, v := openValved(t, srv.base+"/events?channels=a", smallReceiveBuffer())
+// The stream's channels are a, or a and others (which get no event);
+// waitReady, if set, reads what precedes a's events.
+func overflowCatchUp(t *testing.T, srv *testServer, channels string, waitReady func(*sseClient)) {
+	c, v := openValved(t, srv.base+"/events?channels="+channels, smallReceiveBuffer())
 	if waitReady != nil {
-		waitReady()
+		waitReady(c)
 	}
 	srv.publishN("a", "w", 1, 1)
 	expectData(t, c, "w1")
@@ -662,13 +664,13 @@ func overflowCatchUp(t *testing.T, srv *testServer, waitReady func()) {
 
 func TestReplayOverflowCatchUpEmbedded(t *testing.T) {
 	srv := startCaddy(t, hammerSite("queue 2", "history 1000", "history_bytes 16MiB", "slow_client_timeout 1m"))
-	overflowCatchUp(t, srv, nil)
+	overflowCatchUp(t, srv, "a", nil)
 }
 
 func TestReplayOverflowCatchUpRedis(t *testing.T) {
 	rds := redistest.Start(t)
 	srv := startCaddy(t, redisSite(rds.URL(), "queue 2", "history 1000", "history_bytes 16MiB", "slow_client_timeout 1m"))
-	overflowCatchUp(t, srv, func() { rds.WaitShardSubscribers(t, "sse:{a}", 1) })
+	overflowCatchUp(t, srv, "a", func(*sseClient) { rds.WaitShardSubscribers(t, "sse:{a}", 1) })
 }
 
 // Overflow where the history no longer covers the gap: the stream ends and
