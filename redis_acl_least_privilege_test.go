@@ -188,7 +188,9 @@ func runACLFlows(t *testing.T, rds *redistest.Server) {
 		return srv.getRefusal("/events?channels=c&user=u4").code == "throttled"
 	})
 
-	time.Sleep(400 * time.Millisecond) // renewals, checks, pings
+	// Quiet spells (a check_interval and more): the pings, head checks and
+	// lease renewals that only time brings, for ACL LOG to show any refused.
+	time.Sleep(400 * time.Millisecond)
 }
 
 // throttleAsAnotherInstance throttles principal's client (from 127.0.0.1)
@@ -318,7 +320,15 @@ func TestRedisLeastPrivilegeUsersWithSentinel(t *testing.T) {
 	if ev := c.next(); ev.Data != "live" {
 		t.Fatalf("%+v, want the live event", ev)
 	}
-	time.Sleep(3500 * time.Millisecond) // go-redis' health check of the Sentinel subscription
+	eventually(t, "go-redis to ping its quiet Sentinel subscription (every 3 s)", func() bool {
+		for _, line := range strings.Split(s.Sentinel.MustCLI("CLIENT", "LIST"), "\n") {
+			// a refused command is a client's last command too
+			if strings.Contains(line, " user=watcher ") && strings.Contains(line, " cmd=ping ") {
+				return true
+			}
+		}
+		return false
+	})
 	for _, n := range []*redistest.Server{s.Primary, s.Replica, s.Sentinel} {
 		if refused := aclLogObjects(t, n); len(refused) > 0 {
 			t.Errorf("%s refused its user %q (ACL LOG)", n.Addr(), refused)
