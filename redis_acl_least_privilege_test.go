@@ -208,16 +208,24 @@ func throttleAsAnotherInstance(t *testing.T, rds *redistest.Server, principal st
 	}
 }
 
+// flowsAsUser runs the flows on a Redis of its own whose user app has
+// grants, counting only the flows' commands.
+func flowsAsUser(t *testing.T, grants []string) *redistest.Server {
+	t.Helper()
+	rds := redistest.Start(t)
+	setACLUser(t, rds, grants...)
+	rds.MustCLI("CONFIG", "RESETSTAT")
+	runACLFlows(t, rds)
+	return rds
+}
+
 // A Redis ACL user with the documented commands and nothing else: every
 // flow of the module works, and Redis refused nothing (ACL LOG: some
 // refusals fail nothing the flows see, as an unsubscribe's, a lease's
 // removal, the full instance's count or WAIT's).
 func TestRedisLeastPrivilegeUser(t *testing.T) {
-	rds := redistest.Start(t)
 	grants := slices.Concat(aclLibrary, aclCommands, aclSituational)
-	setACLUser(t, rds, grants...)
-	rds.MustCLI("CONFIG", "RESETSTAT")
-	runACLFlows(t, rds)
+	rds := flowsAsUser(t, grants)
 	if refused := aclLogObjects(t, rds); len(refused) > 0 {
 		t.Fatalf("Redis refused the user %q (ACL LOG)", refused)
 	}
@@ -229,11 +237,8 @@ func TestRedisLeastPrivilegeUser(t *testing.T) {
 // place. Redis refuses nothing but the function calls that make the
 // broker switch.
 func TestRedisLeastPrivilegeUserWithoutFunctions(t *testing.T) {
-	rds := redistest.Start(t)
 	grants := slices.Concat(aclScripted, aclCommands, aclSituational)
-	setACLUser(t, rds, grants...)
-	rds.MustCLI("CONFIG", "RESETSTAT")
-	runACLFlows(t, rds)
+	rds := flowsAsUser(t, grants)
 	refused := aclLogObjects(t, rds)
 	if len(refused) == 0 {
 		t.Fatal("Redis refused no function call: the test proves nothing")
