@@ -485,14 +485,10 @@ func (s *shard) receive(ps *redis.PubSub) error {
 				return nil // closed on purpose: kill or close
 			case isPingRefused(err):
 				// a user without +ping: the refusal answers the PING as
-				// a PONG would (the connection is alive), and is no
-				// refusal of a subscription, awaited or not
+				// a PONG would (the connection is alive, below), and is
+				// no refusal of a subscription, awaited or not
 				s.w.b.warnPingRefused(err)
-				idle = 0
-				s.w.b.setUp(true, nil)
-				s.maybeCheck(false)
-				s.retryRefused(s.ctx, ps)
-				continue
+				msg = nil
 			case isNoPerm(err):
 				// Redis answers, and would refuse them again on a new
 				// connection: not an outage (redis_denied.go); the
