@@ -169,7 +169,12 @@ func (s *shard) ssubscribe(ctx context.Context, ps *redis.PubSub, keys []string)
 
 // sunsubscribe unsubscribes keys on ps, one command per hash slot.
 func (s *shard) sunsubscribe(ctx context.Context, ps *redis.PubSub, keys []string) error {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
 	for _, batch := range s.slotBatches(keys) {
+		s.mu.Lock()
+		s.noteSentLocked(ps, batch, true)
+		s.mu.Unlock()
 		if err := ps.SUnsubscribe(ctx, batch...); err != nil {
 			return err
 		}
@@ -479,7 +484,8 @@ func (s *shard) receive(ps *redis.PubSub) error {
 				continue
 			case isMoved(err):
 				s.w.b.log().Debug("a shard channel moved", zap.String("shard", s.id), zap.Error(err))
-				s.moveAway()
+				s.redirectedOldest()
+				s.moveSlot(redirectedSlot(err))
 				continue
 			case errors.Is(err, redis.ErrClosed):
 				return nil // closed on purpose: kill or close
@@ -534,10 +540,12 @@ func (s *shard) onSubscription(m *redis.Subscription) {
 			return
 		}
 	case "sunsubscribe":
-		if !s.leftLocked(m.Channel) && ours {
+		if s.leftLocked(m.Channel) {
+			s.repliedLocked()
+		} else if ours {
 			// Redis unsubscribed us: the slot moved to another primary
 			s.mu.Unlock()
-			s.moveAway()
+			s.moveSlot(int(clusterslot.Of(m.Channel)))
 			return
 		}
 	}
@@ -562,26 +570,40 @@ func (s *shard) unconfirmedTooLong() bool {
 	return s.unconfirmed > 0 && time.Since(s.confirming) >= s.w.b.opts.CheckInterval
 }
 
-// moveAway sends every key of this shard back to the manager, which places
-// it again on the primary that serves it now.
-func (s *shard) moveAway() {
+// moveSlot sends the keys of this shard in slot (all of them if slot is
+// negative) back to the manager, which places them again on the primary
+// that serves them now. The other slots' keys stay: a resharding moves
+// slots one by one, and each would otherwise have the shard subscribe all
+// its channels again.
+func (s *shard) moveSlot(slot int) {
+	s.moveSlots(func(of int) bool { return slot < 0 || of == slot })
+}
+
+// moveSlotsOf moves the slots of keys (moveSlot).
+func (s *shard) moveSlotsOf(keys []string) {
+	slots := make(map[int]bool, 1)
+	for _, key := range keys {
+		slots[int(clusterslot.Of(key))] = true
+	}
+	s.moveSlots(func(of int) bool { return slots[of] })
+}
+
+// moveSlots moves the keys whose slot is in (moveSlot). They are not
+// unsubscribed: a primary that gives a slot up unsubscribes its channels
+// itself (the unsubscribes it sends then are what moves them, or a MOVED
+// to a subscription that never took), and would answer an unsubscribe of
+// them with a MOVED.
+func (s *shard) moveSlots(in func(slot int) bool) {
 	s.mu.Lock()
 	keys := make([]string, 0, len(s.keys))
 	for key := range s.keys {
-		keys = append(keys, key)
+		if in(int(clusterslot.Of(key))) {
+			keys = append(keys, key)
+			delete(s.keys, key)
+		}
 	}
-	s.keys = make(map[string]*watch)
 	ended := s.forgetRefusedLocked() && s.denied == nil
-	ps := s.ps
-	if ps != nil && len(keys) > 0 {
-		s.leaveLocked(keys)
-	}
 	s.mu.Unlock()
-	if ps != nil && len(keys) > 0 {
-		ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
-		_ = s.sunsubscribe(ctx, ps, keys)
-		cancel()
-	}
 	if ended {
 		s.w.b.shardAllowed(s.id, false)
 	}

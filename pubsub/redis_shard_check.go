@@ -6,12 +6,14 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/caddy-sse/caddy-sse/internal/clusterslot"
 	"github.com/caddy-sse/caddy-sse/replay"
 )
 
@@ -131,7 +133,7 @@ func (s *shard) checkBatch(keys []string) {
 		s.w.syncHead(h.wt, h.head, h.newest, h.before)
 	}
 	if len(r.moved) > 0 {
-		s.moveAway()
+		s.moveSlotsOf(r.moved)
 	}
 }
 
@@ -267,6 +269,19 @@ func isTimeout(err error) bool {
 // importing its slot: the slot is migrating, and the keys are there.
 func isAsk(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "ASK ")
+}
+
+// redirectedSlot is the slot a MOVED or ASK names, -1 if it names none.
+func redirectedSlot(err error) int {
+	fields := strings.Fields(err.Error())
+	if len(fields) < 2 {
+		return -1
+	}
+	slot, convErr := strconv.Atoi(fields[1])
+	if convErr != nil || slot < 0 || slot >= clusterslot.Count {
+		return -1
+	}
+	return slot
 }
 
 func isMoved(err error) bool {

@@ -22,11 +22,14 @@ import (
 // Refused keys are asked again every refusedRetry, a few at a time, and all
 // the sooner once Redis accepts one (the ACL changed).
 
-// subscribeCmd is an SSUBSCRIBE sent on the connection: its keys, and how
-// many of their confirmations have not come yet.
+// subscribeCmd is an SSUBSCRIBE (or, leaving, an SUNSUBSCRIBE) sent on
+// the connection: its keys, and how many of their confirmations have not
+// come yet. Unsubscribes are noted too: Redis answers one whose slot moved
+// with a MOVED, which would otherwise be taken for a subscription's.
 type subscribeCmd struct {
-	keys []string
-	left int
+	keys    []string
+	left    int
+	leaving bool
 }
 
 // refusedRetry is how often the keys Redis refused are asked again.
@@ -59,9 +62,7 @@ func (s *shard) subscribeBatches(keys []string) [][]string {
 // meanwhile is not noted: its replies never reach the new one's receive.
 func (s *shard) sendSubscribe(ctx context.Context, ps *redis.PubSub, keys []string) error {
 	s.mu.Lock()
-	if ps == s.ps {
-		s.sent = append(s.sent, subscribeCmd{keys: keys, left: len(keys)})
-	}
+	s.noteSentLocked(ps, keys, false)
 	for _, key := range keys {
 		if _, ok := s.refused[key]; ok {
 			s.refused[key] = true // in flight
@@ -71,15 +72,31 @@ func (s *shard) sendSubscribe(ctx context.Context, ps *redis.PubSub, keys []stri
 	return ps.SSubscribe(ctx, keys...)
 }
 
-// confirmedLocked takes the confirmation of key's subscription from the
-// oldest command awaiting replies, and ends a refusal of key. It reports
-// whether key was refused until now.
-func (s *shard) confirmedLocked(key string) (wasRefused bool) {
+// noteSentLocked notes a command about to go on ps, in the order it goes
+// on the wire (sendMu). A send on a connection replaced meanwhile is not
+// noted: its replies never reach the new one's receive.
+func (s *shard) noteSentLocked(ps *redis.PubSub, keys []string, leaving bool) {
+	if ps == s.ps {
+		s.sent = append(s.sent, subscribeCmd{keys: keys, left: len(keys), leaving: leaving})
+	}
+}
+
+// repliedLocked takes one key's confirmation from the oldest command
+// awaiting replies: Redis answers commands in order, and a command of n
+// keys with n confirmations.
+func (s *shard) repliedLocked() {
 	if len(s.sent) > 0 {
 		if s.sent[0].left--; s.sent[0].left <= 0 {
 			s.sent = s.sent[1:]
 		}
 	}
+}
+
+// confirmedLocked takes the confirmation of key's subscription from the
+// oldest command awaiting replies, and ends a refusal of key. It reports
+// whether key was refused until now.
+func (s *shard) confirmedLocked(key string) (wasRefused bool) {
+	s.repliedLocked()
 	if _, wasRefused = s.refused[key]; wasRefused {
 		delete(s.refused, key)
 		if wt := s.keys[key]; wt != nil {
@@ -90,19 +107,52 @@ func (s *shard) confirmedLocked(key string) (wasRefused bool) {
 	return wasRefused
 }
 
+// answeredLocked takes the oldest command awaiting replies off sent: an
+// error reply answers a command as a whole, and none of its keys'
+// confirmations will come. False if none was awaiting replies.
+func (s *shard) answeredLocked() (subscribeCmd, bool) {
+	if len(s.sent) == 0 {
+		return subscribeCmd{}, false
+	}
+	cmd := s.sent[0]
+	s.sent = s.sent[1:]
+	if !cmd.leaving {
+		s.unconfirmed -= cmd.left
+		return cmd, true
+	}
+	for _, key := range cmd.keys {
+		s.leftLocked(key) // no unsubscribe of it is to be confirmed now
+	}
+	return cmd, true
+}
+
+// redirectedOldest takes a MOVED (or ASK) as the answer to the oldest
+// command awaiting replies, as refuseOldest takes a NOPERM: left in sent,
+// it would take the next command's confirmation, and a later refusal
+// would be held against a key Redis accepted.
+func (s *shard) redirectedOldest() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.answeredLocked()
+}
+
 // refuseOldest takes a NOPERM as the refusal of the oldest command
 // awaiting replies: its key is refused if it had one, and its keys are
 // subscribed again one by one if it had several. False if no command was
 // awaiting replies (the refusal is of something else).
 func (s *shard) refuseOldest(ctx context.Context, ps *redis.PubSub, err error) bool {
 	s.mu.Lock()
-	if len(s.sent) == 0 {
+	cmd, ok := s.answeredLocked()
+	if !ok {
 		s.mu.Unlock()
 		return false
 	}
-	cmd := s.sent[0]
-	s.sent = s.sent[1:]
-	s.unconfirmed -= cmd.left
+	if cmd.leaving {
+		// a user refused SUNSUBSCRIBE: the channel stays subscribed in
+		// Redis, and its messages are dropped here (ACL LOG shows it)
+		s.mu.Unlock()
+		return true
+	}
 	var again []string
 	refusedOne := false
 	if len(cmd.keys) > 1 {

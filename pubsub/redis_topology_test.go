@@ -3,6 +3,7 @@ package pubsub
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -676,4 +677,125 @@ func followChannelInSlot(t *testing.T, cluster *redistest.Cluster, slot int) (pu
 	from.WaitShardSubscribers(t, key, 1)
 	waitSynced(t, subBroker, channel)
 	return pub, rec, slot, channel, key, from, to
+}
+
+// channelWithPrefixInSlot is a channel name of slot that starts with prefix.
+func channelWithPrefixInSlot(t *testing.T, prefix string, slot int) string {
+	t.Helper()
+	for i := range 1_000_000 {
+		if name := prefix + strconv.Itoa(i); redistest.SlotOf(name) == slot {
+			return name
+		}
+	}
+	t.Fatalf("no channel name %q… for slot %d", prefix, slot)
+	return ""
+}
+
+// A MOVED answers one SSUBSCRIBE as a whole, as a NOPERM does. A shard
+// that kept the redirected command among those awaiting replies took
+// every later reply for the one before it: the refusal of a refused
+// channel's next retry was taken for the redirected command's, so that
+// channel was held as asked again for good (never retried, never live
+// once granted) and a refusal could be held against a granted channel,
+// until the connection was replaced a check interval later.
+func TestRefusalAfterAMovedSubscriptionIsHeldAgainstTheRefusedChannel(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	for _, n := range cluster.Nodes {
+		n.MustCLI("ACL", "SETUSER", "app", "reset", "on", ">pw", "~*", "resetchannels", "&sse:{ok*", "+@all")
+	}
+	from := cluster.NodeOfSlot(t, 0)
+	granted := channelWithPrefixInSlot(t, "ok", 0)
+	refused := channelWithPrefixInSlot(t, "no", 1)
+	moving := channelWithPrefixInSlot(t, "ok", 2)
+	if cluster.NodeOfSlot(t, 1) != from || cluster.NodeOfSlot(t, 2) != from {
+		t.Fatal("slots 0-2 are not on one primary")
+	}
+	core, logs := observer.New(zap.DebugLevel)
+	// no check interval within the test: the connection is not replaced
+	// (unconfirmedTooLong), which would hide the fault
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: cluster.Addrs(), Username: "app", Password: "pw",
+		CheckInterval: time.Minute, Logger: zap.New(core)})
+	t.Cleanup(hub.Subscribe(newRedisRecorder(), []string{granted}).Close)
+	t.Cleanup(hub.Subscribe(newRedisRecorder(), []string{refused}).Close)
+	waitSynced(t, broker, granted)
+	for deadline := time.Now().Add(redisWait); !broker.watch.denied(broker.Key(refused)); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the refused channel was not refused")
+		}
+	}
+
+	// The slot of a channel this instance does not follow yet moves away:
+	// its subscription goes to the old primary, which answers MOVED.
+	migrateSlotByHand(t, cluster, 2, from, otherPrimary(cluster, from), func(string) {})
+	refusedAgain := broker.deniedSignal()
+	t.Cleanup(hub.Subscribe(newRedisRecorder(), []string{moving}).Close)
+	select {
+	case <-refusedAgain: // the refused channel, asked again after the move
+	case <-time.After(redisWait):
+		t.Fatal("no refusal after the move")
+	}
+	if logs.FilterMessage("a shard channel moved").Len() == 0 {
+		t.Fatal("no MOVED: the subscription did not go to the old primary")
+	}
+	waitSynced(t, broker, moving)
+	// Every reply has come (the redirected commands included): none is
+	// awaited any more, or the next reply is taken for another command's.
+	shard := broker.watch.shardOf(from.Addr())
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		shard.mu.Lock()
+		sent, unconfirmed := slices.Clone(shard.sent), shard.unconfirmed
+		shard.mu.Unlock()
+		if len(sent) == 0 && unconfirmed == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the shard awaits replies that will not come: %v (%d subscriptions unconfirmed)", sent, unconfirmed)
+		}
+	}
+	if broker.watch.denied(broker.Key(granted)) {
+		t.Errorf("the granted channel is held refused after the move: %v", broker.deniedError())
+	}
+	if !broker.watch.denied(broker.Key(refused)) {
+		t.Error("the refused channel is not held refused after the move")
+	}
+}
+
+// shardOf is the watcher's shard of the primary at addr.
+func (w *watcher) shardOf(addr string) *shard {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.shards[addr]
+}
+
+// A slot that moves away takes its own channels to the primary that serves
+// it now, and leaves the others of its old primary subscribed: a reshard
+// moves slots one by one, and moving every channel of the primary at each
+// had it subscribe them all again, slot after slot.
+func TestAMovedSlotLeavesTheOtherChannelsOfItsPrimarySubscribed(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	opts := RedisOptions{Addrs: cluster.Addrs(), CheckInterval: 300 * time.Millisecond}
+	pub, _ := newRedisHub(t, opts)
+	sub, subBroker := newRedisHub(t, opts)
+	staying, moving := channelInSlot(t, 0), channelInSlot(t, 1)
+	from := cluster.NodeOfSlot(t, 0)
+	to := otherPrimary(cluster, from)
+	if cluster.NodeOfSlot(t, 1) != from {
+		t.Fatal("slots 0 and 1 are not on one primary")
+	}
+	rec, movingRec := newRedisRecorder(), newRedisRecorder()
+	t.Cleanup(sub.Subscribe(rec, []string{staying}).Close)
+	t.Cleanup(sub.Subscribe(movingRec, []string{moving}).Close)
+	waitSynced(t, subBroker, staying)
+	waitSynced(t, subBroker, moving)
+	before := ssubscribes(from)
+
+	migrateSlotByHand(t, cluster, 1, from, to, func(string) {})
+	to.WaitShardSubscribers(t, "sse:{"+moving+"}", 1)
+	publishTo(t, pub, moving, "moved")
+	movingRec.waitFor(t, 0, 1)
+	publishTo(t, pub, staying, "stayed")
+	rec.waitFor(t, 0, 1)
+	if n := ssubscribes(from) - before; n != 0 {
+		t.Errorf("the old primary ran %d SSUBSCRIBE after one of its slots moved away", n)
+	}
 }

@@ -5,6 +5,9 @@ package clusterslot
 
 import "strings"
 
+// Count is how many hash slots a cluster has.
+const Count = 16384
+
 // Of is the hash slot of key: CRC16 (XMODEM) of its hash tag (what is
 // between the first "{" and the next "}", if not empty) or of the whole key,
 // modulo 16384, as the Cluster specification defines it.
@@ -25,5 +28,5 @@ func Of(key string) uint16 {
 			}
 		}
 	}
-	return crc % 16384
+	return crc % Count
 }
