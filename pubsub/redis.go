@@ -274,6 +274,11 @@ func (b *Redis) Read(ctx context.Context, channel string, after *replay.Position
 		if head, ok := b.watch.startAt(ctx, key); ok {
 			return replay.Page{Head: head}, nil
 		}
+	} else if wt := b.watch.lookup(key); wt != nil && b.up.Load() {
+		// a reconnect to a channel this instance did not follow yet learns
+		// whether Redis refuses it before it replays, as a new stream does:
+		// if so it opens degraded, and replays once Redis accepts it
+		b.watch.awaitKnown(ctx, wt)
 	}
 	if b.watch.denied(key) {
 		// its events cannot arrive: a stream opens degraded (redis_denied.go)

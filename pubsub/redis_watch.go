@@ -193,22 +193,28 @@ func (wt *watch) lostSubscription() {
 // once and a connect p99 of 0.6-1.3 s (docs/PERFORMANCE.md).
 func (w *watcher) startAt(ctx context.Context, key string) (replay.Position, bool) {
 	wt := w.lookup(key)
-	if wt == nil {
+	if wt == nil || !w.awaitKnown(ctx, wt) {
 		return replay.Position{}, false
 	}
+	return wt.delivered()
+}
+
+// awaitKnown waits until the watch has had its first sync, for at most
+// syncWait; false if Redis refuses its channel. There is no sync to wait
+// for while Redis is down or refuses the channel: the stream opens
+// degraded (Read checks).
+func (w *watcher) awaitKnown(ctx context.Context, wt *watch) bool {
 	if wt.denied.Load() {
-		return replay.Position{}, false
+		return false
 	}
 	select {
 	case <-wt.ready:
 	default:
 		ctx, cancel := context.WithTimeout(ctx, syncWait)
 		defer cancel()
-		// no sync to wait for while Redis is down or refuses the channel:
-		// the stream opens degraded (Read checks)
 		w.b.awaitFirstSync(ctx, wt.ready, wt.denied.Load)
 	}
-	return wt.delivered()
+	return !wt.denied.Load()
 }
 
 // denied reports whether Redis refuses the subscription of the watched
