@@ -209,8 +209,8 @@ func (s *shard) leaveLocked(keys []string) {
 	}
 }
 
-// leftLocked takes the confirmation of an unsubscribe of key; false if
-// this instance did not ask for it (Redis moved the slot).
+// leftLocked takes the answer to an unsubscribe of key this instance sent
+// (unsubscribedLocked, answeredLocked); false if none was awaited.
 func (s *shard) leftLocked(key string) bool {
 	n := s.leaving[key]
 	switch {
@@ -484,8 +484,9 @@ func (s *shard) receive(ps *redis.PubSub) error {
 				continue
 			case isMoved(err):
 				s.w.b.log().Debug("a shard channel moved", zap.String("shard", s.id), zap.Error(err))
-				s.redirectedOldest()
-				s.moveSlot(redirectedSlot(err))
+				slot := redirectedSlot(err)
+				s.redirectedOldest(slot)
+				s.moveSlot(slot)
 				continue
 			case errors.Is(err, redis.ErrClosed):
 				return nil // closed on purpose: kill or close
@@ -540,9 +541,7 @@ func (s *shard) onSubscription(m *redis.Subscription) {
 			return
 		}
 	case "sunsubscribe":
-		if s.leftLocked(m.Channel) {
-			s.repliedLocked()
-		} else if ours {
+		if !s.unsubscribedLocked(m.Channel) && ours {
 			// Redis unsubscribed us: the slot moved to another primary
 			s.mu.Unlock()
 			s.moveSlot(int(clusterslot.Of(m.Channel)))

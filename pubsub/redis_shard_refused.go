@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-sse/caddy-sse/internal/clusterslot"
 )
 
 // A Redis ACL may grant the user only some of the prefix's shard channels
@@ -126,14 +128,37 @@ func (s *shard) answeredLocked() (subscribeCmd, bool) {
 	return cmd, true
 }
 
-// redirectedOldest takes a MOVED (or ASK) as the answer to the oldest
-// command awaiting replies, as refuseOldest takes a NOPERM: left in sent,
-// it would take the next command's confirmation, and a later refusal
-// would be held against a key Redis accepted.
-func (s *shard) redirectedOldest() {
+// redirectedOldest takes a MOVED (or ASK) naming slot as the answer to
+// the oldest command awaiting replies, as refuseOldest takes a NOPERM:
+// left in sent, it would take the next command's confirmation, and a later
+// refusal would be held against a key Redis accepted. A command of another
+// slot is not the one redirected (each carries the keys of one slot): the
+// MOVED answers an unsubscribe already taken off, whose key's unsubscribe
+// Redis sent itself when it gave the slot up (unsubscribedLocked).
+func (s *shard) redirectedOldest(slot int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if len(s.sent) > 0 && len(s.sent[0].keys) > 0 && slot >= 0 && int(clusterslot.Of(s.sent[0].keys[0])) != slot {
+		return
+	}
 	s.answeredLocked()
+}
+
+// unsubscribedLocked takes an unsubscribe of key that Redis sent: true if
+// it is the reply to one this instance sent, false if it is Redis giving
+// the slot up. A reply comes while that unsubscribe is the oldest command
+// awaiting replies. Redis' own may come while one is awaited too: the
+// unsubscribe reaches Redis after the slot moved, and a MOVED answers it
+// (redirectedOldest), which taken for its reply here took the next
+// command's answer for the unsubscribe's, and so on down the queue. When
+// the unsubscribe is the oldest command the two cannot be told apart: the
+// MOVED that follows then names a slot the next command is not of.
+func (s *shard) unsubscribedLocked(key string) bool {
+	if len(s.sent) == 0 || !s.sent[0].leaving || !slices.Contains(s.sent[0].keys, key) || !s.leftLocked(key) {
+		return false
+	}
+	s.repliedLocked()
+	return true
 }
 
 // refuseOldest takes a NOPERM as the refusal of the oldest command

@@ -799,3 +799,141 @@ func TestAMovedSlotLeavesTheOtherChannelsOfItsPrimarySubscribed(t *testing.T) {
 		t.Errorf("the old primary ran %d SSUBSCRIBE after one of its slots moved away", n)
 	}
 }
+
+// heldShardAfterAMove follows a channel of slot 0 and one of slot 1 of the
+// same primary (from) with an ACL user granted the channels "ok…", holds
+// the primary's shard's receive loop (a subscriber of the slot 0 channel
+// that does not return), and moves slot 1 away: Redis' own unsubscribe of
+// the slot 1 channel then waits, unread, for what the test sends next. The
+// hold ends with release; leaving is the slot 1 channel's subscription.
+func heldShardAfterAMove(t *testing.T) (sub *Hub, broker *Redis, s *shard, leaving *Subscription, release func()) {
+	t.Helper()
+	cluster := redistest.StartCluster(t, 3)
+	for _, n := range cluster.Nodes {
+		n.MustCLI("ACL", "SETUSER", "app", "reset", "on", ">pw", "~*", "resetchannels", "&sse:{ok*", "+@all")
+	}
+	from := cluster.NodeOfSlot(t, 0)
+	if cluster.NodeOfSlot(t, 1) != from || cluster.NodeOfSlot(t, 2) != from {
+		t.Fatal("slots 0-2 are not on one primary")
+	}
+	// no check interval within the test: the connection is not replaced
+	// (unconfirmedTooLong), which would hide the fault
+	opts := RedisOptions{Addrs: cluster.Addrs(), Username: "app", Password: "pw", CheckInterval: time.Minute}
+	pub, _ := newRedisHub(t, opts)
+	sub, broker = newRedisHub(t, opts)
+	held, moving := channelWithPrefixInSlot(t, "ok", 0), channelWithPrefixInSlot(t, "ok", 1)
+	blocker := &blockingRecorder{gate: newGate(t)}
+	t.Cleanup(sub.Subscribe(blocker, []string{held}).Close)
+	t.Cleanup(blocker.openUp) // first: Close waits for the delivery it holds
+	leaving = sub.Subscribe(newRedisRecorder(), []string{moving})
+	t.Cleanup(leaving.Close)
+	waitSynced(t, broker, held)
+	waitSynced(t, broker, moving)
+	from.WaitShardSubscribers(t, broker.Key(moving), 1)
+	s = broker.watch.shardOf(from.Addr())
+	publishTo(t, pub, held, "holds the receive loop")
+	blocker.waitHeld(t, "the receive loop")
+	migrateSlotByHand(t, cluster, 1, from, otherPrimary(cluster, from), func(string) {})
+	return sub, broker, s, leaving, blocker.openUp
+}
+
+// waitSent waits until n commands await replies on s (sent on the wire).
+func waitSent(t *testing.T, s *shard, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(redisWait); ; time.Sleep(time.Millisecond) {
+		s.mu.Lock()
+		sent := len(s.sent)
+		s.mu.Unlock()
+		if sent == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d commands await replies, want %d", sent, n)
+		}
+	}
+}
+
+// waitNothingAwaited waits until s awaits no reply: no command, no
+// subscription, no unsubscribe.
+func waitNothingAwaited(t *testing.T, s *shard) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		s.mu.Lock()
+		sent, unconfirmed, leaving := slices.Clone(s.sent), s.unconfirmed, len(s.leaving)
+		s.mu.Unlock()
+		if len(sent) == 0 && unconfirmed == 0 && leaving == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the shard awaits replies that will not come: %v (%d subscriptions unconfirmed, %d unsubscribes)", sent, unconfirmed, leaving)
+		}
+	}
+}
+
+// A channel is unsubscribed just after its slot moved away, before the
+// shard read Redis' own unsubscribe of it, and another channel is
+// subscribed right after. Redis' unsubscribe, the MOVED that answers the
+// shard's SUNSUBSCRIBE and the SSUBSCRIBE's answer come in that order: the
+// shard took the first for its SUNSUBSCRIBE's reply and the MOVED for the
+// SSUBSCRIBE's. A granted channel's confirmation then left the count of
+// unconfirmed subscriptions at -1 for the connection's life (a lost
+// confirmation is never noticed); a refused channel's refusal answered no
+// command any more, and was held against the whole shard: every channel
+// of the primary refused and subscribed again on a new connection.
+func TestAMovedUnsubscribeAnswersNoLaterSubscription(t *testing.T) {
+	for _, next := range []string{"ok", "no"} {
+		t.Run(next, func(t *testing.T) {
+			sub, broker, s, leaving, release := heldShardAfterAMove(t)
+			leaving.Close()
+			waitSent(t, s, 1)
+			channel := channelWithPrefixInSlot(t, next, 2)
+			t.Cleanup(sub.Subscribe(newRedisRecorder(), []string{channel}).Close)
+			waitSent(t, s, 2)
+			s.mu.Lock()
+			ps := s.ps
+			s.mu.Unlock()
+			release()
+			if next == "ok" {
+				waitSynced(t, broker, channel)
+			} else {
+				for deadline := time.Now().Add(redisWait); !broker.watch.denied(broker.Key(channel)); time.Sleep(time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatal("the refused channel is not held refused")
+					}
+				}
+			}
+			waitNothingAwaited(t, s)
+			s.mu.Lock()
+			replaced := s.ps != ps
+			s.mu.Unlock()
+			if replaced {
+				t.Errorf("the shard's connection was replaced (refused: %v)", broker.deniedError())
+			}
+		})
+	}
+}
+
+// A refused channel is subscribed just after a slot moved away, and a
+// channel of that slot is unsubscribed right after, before the shard read
+// Redis' own unsubscribe of it: that unsubscribe comes first, then the
+// refusal, then the MOVED that answers the SUNSUBSCRIBE. The shard took
+// Redis' unsubscribe for its SUNSUBSCRIBE's reply, which it cannot be
+// while an SSUBSCRIBE sent before awaits its answer, and so took the
+// refusal for the SUNSUBSCRIBE's: the refused channel was never held
+// refused (its new streams waited for a sync that never came) until the
+// connection was replaced a check interval later.
+func TestASlotsOwnUnsubscribeIsNoReplyWhileAnEarlierCommandIsAwaited(t *testing.T) {
+	sub, broker, s, leaving, release := heldShardAfterAMove(t)
+	refused := channelWithPrefixInSlot(t, "no", 2)
+	t.Cleanup(sub.Subscribe(newRedisRecorder(), []string{refused}).Close)
+	waitSent(t, s, 1)
+	leaving.Close()
+	waitSent(t, s, 2)
+	release()
+	for deadline := time.Now().Add(5 * time.Second); !broker.watch.denied(broker.Key(refused)); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the refused channel is not held refused")
+		}
+	}
+	waitNothingAwaited(t, s)
+}
