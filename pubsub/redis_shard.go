@@ -54,6 +54,11 @@ type shard struct {
 	nextRetry time.Time
 	// retriedUpTo: refused keys are asked again in turn, from this name on
 	retriedUpTo string
+
+	// gaveUp is when the shard last moved each slot's channels away,
+	// Redis having told that its primary serves the slot no more (under
+	// mu; gaveUpRecently)
+	gaveUp map[int]time.Time
 }
 
 // newShard returns a shard whose first full check is a check interval
@@ -575,6 +580,11 @@ func (s *shard) unconfirmedTooLong() bool {
 // slots one by one, and each would otherwise have the shard subscribe all
 // its channels again.
 func (s *shard) moveSlot(slot int) {
+	if slot >= 0 {
+		s.mu.Lock()
+		s.gaveUpLocked(slot) // also if none of its keys is left here
+		s.mu.Unlock()
+	}
 	s.moveSlots(func(of int) bool { return slot < 0 || of == slot })
 }
 
@@ -596,9 +606,10 @@ func (s *shard) moveSlots(in func(slot int) bool) {
 	s.mu.Lock()
 	keys := make([]string, 0, len(s.keys))
 	for key := range s.keys {
-		if in(int(clusterslot.Of(key))) {
+		if slot := int(clusterslot.Of(key)); in(slot) {
 			keys = append(keys, key)
 			delete(s.keys, key)
+			s.gaveUpLocked(slot)
 		}
 	}
 	ended := s.forgetRefusedLocked() && s.denied == nil
@@ -608,3 +619,39 @@ func (s *shard) moveSlots(in func(slot int) bool) {
 	}
 	s.w.replace(keys)
 }
+
+// gaveUpLocked notes that the shard's primary gave slot up (gaveUpRecently).
+func (s *shard) gaveUpLocked(slot int) {
+	if s.gaveUp == nil {
+		s.gaveUp = make(map[int]time.Time)
+	}
+	s.gaveUp[slot] = time.Now()
+}
+
+// gaveUpRecently reports whether the shard moved the channels of key's
+// slot away less than slotGaveUpHold ago. The manager then does not place
+// key here again, though the cluster's state names this primary: go-redis
+// read that state from a node not told of the move yet, and reads it again
+// only 200 ms after. Placed here, the channel got a MOVED and was moved
+// away again, in a loop as fast as the round trips went until then (a
+// thousand SSUBSCRIBE refused by the old primary for one channel of a
+// moved slot, per instance). A slot that really came back to the primary
+// within the hold is placed once it ends.
+func (s *shard) gaveUpRecently(key string) bool {
+	slot := int(clusterslot.Of(key))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	at, ok := s.gaveUp[slot]
+	if ok && time.Since(at) >= slotGaveUpHold {
+		delete(s.gaveUp, slot)
+		return false
+	}
+	return ok
+}
+
+// slotGaveUpHold is how long the channels of a slot a shard's primary gave
+// up are not placed on it again (gaveUpRecently): a little over go-redis'
+// pause between two reads of the cluster's state. A state that names the
+// old primary longer (the nodes asked were told later) costs one refused
+// SSUBSCRIBE per hold.
+const slotGaveUpHold = 250 * time.Millisecond

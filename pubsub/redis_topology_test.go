@@ -937,3 +937,57 @@ func TestASlotsOwnUnsubscribeIsNoReplyWhileAnEarlierCommandIsAwaited(t *testing.
 	}
 	waitNothingAwaited(t, s)
 }
+
+// refusedSSubscribes is how many SSUBSCRIBE node refused (a MOVED).
+func refusedSSubscribes(node *redistest.Server) int {
+	for _, f := range strings.Split(strings.TrimSpace(commandLine(node.MustCLI("INFO", "commandstats"), "cmdstat_ssubscribe")), ",") {
+		if v, ok := strings.CutPrefix(f, "rejected_calls="); ok {
+			n, _ := strconv.Atoi(v)
+			return n
+		}
+	}
+	return 0
+}
+
+// commandLine is a command's line of INFO commandstats.
+func commandLine(info, stat string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if strings.HasPrefix(line, stat+":") {
+			return line
+		}
+	}
+	return ""
+}
+
+// A followed slot moves away, and the nodes learn it a moment apart (a
+// reshard tool tells them in turn, gossip tells the rest): the source
+// unsubscribes the channel while the cluster's state go-redis reads, from
+// a random node, still names it, or names the target that does not serve
+// the slot yet; go-redis reads the state again 200 ms later at the
+// soonest. The manager placed the channel where the state said, the
+// primary answered MOVED, the shard moved the channel away, and so on in a
+// loop as fast as the round trips went: a thousand SSUBSCRIBE refused per
+// channel of a moving slot and per instance, in the 200 ms of every move.
+func TestAMovedSlotsChannelIsNotPlacedAgainInALoop(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	pub, rec, slot, channel, key, from, to := followChannelInSlot(t, cluster, 100)
+	refused := func() int { return refusedSSubscribes(from) + refusedSSubscribes(to) }
+	before := refused()
+	slotArg := strconv.Itoa(slot)
+	to.MustCLI("CLUSTER", "SETSLOT", slotArg, "IMPORTING", from.NodeID())
+	from.MustCLI("CLUSTER", "SETSLOT", slotArg, "MIGRATING", to.NodeID())
+	from.MustCLI("CLUSTER", "SETSLOT", slotArg, "NODE", to.NodeID()) // it unsubscribes the channel
+	time.Sleep(300 * time.Millisecond)                               // the others are told a moment later
+	for _, n := range cluster.Nodes {
+		if n != from {
+			n.MustCLI("CLUSTER", "SETSLOT", slotArg, "NODE", to.NodeID())
+		}
+	}
+	cluster.WaitOK(t)
+	to.WaitShardSubscribers(t, key, 1)
+	if n := refused() - before; n > 5 {
+		t.Errorf("the primaries refused %d SSUBSCRIBE of the channel while the slot moved", n)
+	}
+	publishTo(t, pub, channel, "moved")
+	rec.waitFor(t, 0, 1)
+}

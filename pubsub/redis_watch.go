@@ -326,6 +326,7 @@ func (w *watcher) apply() {
 	subscribe := map[*shard][]string{}
 	unsubscribe := map[*shard][]string{}
 	resync := map[*shard]bool{} // shards that carried a key already: its check is queued
+	held := map[string]*watch{}
 	for key := range changes {
 		current := w.lookup(key)
 		if current == nil {
@@ -337,6 +338,10 @@ func (w *watcher) apply() {
 		s, err := w.shardFor(key)
 		if err != nil {
 			w.retryLater(key, current, err)
+			continue
+		}
+		if w.b.cluster != nil && s.gaveUpRecently(key) {
+			held[key] = current // the state is older than the move
 			continue
 		}
 		if s.attach(key, current) {
@@ -354,7 +359,36 @@ func (w *watcher) apply() {
 	for s := range resync {
 		s.ping()
 	}
+	if len(held) > 0 {
+		w.placeLater(held)
+	}
 }
+
+// placeLater has the manager place keys again in placeRetry, with a new
+// state of the cluster: the one it has names the primary that gave their
+// slot up (shard.gaveUpRecently).
+func (w *watcher) placeLater(keys map[string]*watch) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	w.b.cluster.ReloadState(ctx) // in the background, after go-redis' pause
+	cancel()
+	w.mu.Lock()
+	for key, wt := range keys {
+		if _, set := w.pending[key]; !set && w.byKey[key] == wt {
+			w.pending[key] = wt
+		}
+	}
+	w.mu.Unlock()
+	time.AfterFunc(placeRetry, func() {
+		select {
+		case w.kick <- struct{}{}:
+		default:
+		}
+	})
+}
+
+// placeRetry is how soon keys held back from the primary that gave their
+// slot up are placed again (placeLater).
+const placeRetry = 25 * time.Millisecond
 
 // detach removes key from the shard it was subscribed on.
 func (w *watcher) detach(key string) *shard {
