@@ -59,9 +59,8 @@ func (s *shard) subscribeBatches(keys []string) [][]string {
 	return batches
 }
 
-// sendSubscribe sends one SSUBSCRIBE of keys on ps, noted in sent in the
-// order it goes on the wire (sendMu). A send on a connection replaced
-// meanwhile is not noted: its replies never reach the new one's receive.
+// sendSubscribe sends one SSUBSCRIBE of keys on ps, noted in sent
+// (noteSentLocked).
 func (s *shard) sendSubscribe(ctx context.Context, ps *redis.PubSub, keys []string) error {
 	s.mu.Lock()
 	s.noteSentLocked(ps, keys, false)
