@@ -112,10 +112,7 @@ func (w *watcher) want(channel string, wanted bool) {
 		w.wg.Add(1)
 		go w.manage()
 	}
-	select {
-	case w.kick <- struct{}{}:
-	default:
-	}
+	w.kickManager()
 }
 
 // delivered returns the last position delivered on a watched channel whose
@@ -373,17 +370,18 @@ func (w *watcher) placeLater(keys map[string]*watch) {
 	cancel()
 	w.mu.Lock()
 	for key, wt := range keys {
-		if _, set := w.pending[key]; !set && w.byKey[key] == wt {
-			w.pending[key] = wt
-		}
+		w.requeueLocked(key, wt)
 	}
 	w.mu.Unlock()
-	time.AfterFunc(placeRetry, func() {
-		select {
-		case w.kick <- struct{}{}:
-		default:
-		}
-	})
+	time.AfterFunc(placeRetry, w.kickManager)
+}
+
+// kickManager has the manager apply the pending changes now.
+func (w *watcher) kickManager() {
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
 }
 
 // placeRetry is how soon keys held back from the primary that gave their
@@ -406,6 +404,12 @@ func (w *watcher) retryLater(key string, wt *watch, err error) {
 	w.b.log().Debug("could not place a channel subscription yet", zap.String("key", key), zap.Error(err))
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.requeueLocked(key, wt)
+}
+
+// requeueLocked puts key back among the pending changes to be placed,
+// unless a newer change of it is pending or wt is no longer its watch.
+func (w *watcher) requeueLocked(key string, wt *watch) {
 	if _, set := w.pending[key]; !set && w.byKey[key] == wt {
 		w.pending[key] = wt
 	}
@@ -455,10 +459,7 @@ func (w *watcher) replace(keys []string) {
 		}
 	}
 	w.mu.Unlock()
-	select {
-	case w.kick <- struct{}{}:
-	default:
-	}
+	w.kickManager()
 }
 
 // recovered is told that Redis answers again: shards waiting to reconnect
