@@ -355,12 +355,7 @@ func waitThrottled(t *testing.T, r *RedisThrottles, key string) {
 // commandCalls returns the calls= field of a command's INFO commandstats
 // line.
 func commandCalls(info, stat string) string {
-	for _, line := range strings.Split(info, "\n") {
-		if strings.HasPrefix(line, stat+":") {
-			return strings.SplitN(strings.TrimPrefix(strings.TrimSpace(line), stat+":"), ",", 2)[0]
-		}
-	}
-	return ""
+	return strings.SplitN(strings.TrimPrefix(strings.TrimSpace(commandLine(info, stat)), stat+":"), ",", 2)[0]
 }
 
 // Acquire removes the leases this instance released and has not removed

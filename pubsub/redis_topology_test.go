@@ -740,18 +740,7 @@ func TestRefusalAfterAMovedSubscriptionIsHeldAgainstTheRefusedChannel(t *testing
 	waitSynced(t, broker, moving)
 	// Every reply has come (the redirected commands included): none is
 	// awaited any more, or the next reply is taken for another command's.
-	shard := broker.watch.shardOf(from.Addr())
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		shard.mu.Lock()
-		sent, unconfirmed := slices.Clone(shard.sent), shard.unconfirmed
-		shard.mu.Unlock()
-		if len(sent) == 0 && unconfirmed == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the shard awaits replies that will not come: %v (%d subscriptions unconfirmed)", sent, unconfirmed)
-		}
-	}
+	waitNothingAwaited(t, broker.watch.shardOf(from.Addr()))
 	if broker.watch.denied(broker.Key(granted)) {
 		t.Errorf("the granted channel is held refused after the move: %v", broker.deniedError())
 	}
