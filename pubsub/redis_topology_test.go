@@ -2,6 +2,7 @@ package pubsub
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -979,4 +980,21 @@ func TestAMovedSlotsChannelIsNotPlacedAgainInALoop(t *testing.T) {
 	}
 	publishTo(t, pub, channel, "moved")
 	rec.waitFor(t, 0, 1)
+}
+
+// redirectedSlot reads the slot of a MOVED or ASK, and names none for a
+// reply it cannot read: the shard then moves every channel, as before.
+func TestRedirectedSlot(t *testing.T) {
+	for reply, want := range map[string]int{
+		"MOVED 2 127.0.0.1:30271":     2,
+		"ASK 16383 10.0.0.1:6379":     16383,
+		"MOVED 16384 127.0.0.1:30271": -1,
+		"MOVED -1 127.0.0.1:30271":    -1,
+		"MOVED x 127.0.0.1:30271":     -1,
+		"MOVED":                       -1,
+	} {
+		if got := redirectedSlot(errors.New(reply)); got != want {
+			t.Errorf("redirectedSlot(%q) = %d, want %d", reply, got, want)
+		}
+	}
 }
