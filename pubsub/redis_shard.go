@@ -605,15 +605,23 @@ func (s *shard) moveSlotsOf(keys []string) {
 func (s *shard) moveSlots(in func(slot int) bool) {
 	s.mu.Lock()
 	keys := make([]string, 0, len(s.keys))
-	for key := range s.keys {
+	var moved []*watch
+	for key, wt := range s.keys {
 		if slot := int(clusterslot.Of(key)); in(slot) {
 			keys = append(keys, key)
+			moved = append(moved, wt)
 			delete(s.keys, key)
 			s.gaveUpLocked(slot)
 		}
 	}
 	ended := s.forgetRefusedLocked() && s.denied == nil
 	s.mu.Unlock()
+	for _, wt := range moved {
+		// unsubscribed until the new primary's check: a new stream reads
+		// the head itself meanwhile, as after a lost connection, instead
+		// of starting at the last event delivered before the move
+		wt.lostSubscription()
+	}
 	if ended {
 		s.w.b.shardAllowed(s.id, false)
 	}
