@@ -103,14 +103,7 @@ func TestRedisUserThatMayNotSubscribe(t *testing.T) {
 	srv.publish("/events", map[string]any{"channel": "a", "data": "meanwhile"}) // publishing works
 
 	rds.MustCLI("ACL", "SETUSER", "app", "+ssubscribe")
-	if ev := c.next(); ev.Data != "meanwhile" {
-		t.Fatalf("after the ACL granted the subscription: %+v, want the event published since the stream opened", ev)
-	}
-	rds.WaitShardSubscribers(t, "sse:{a}", 1)
-	srv.publish("/events", map[string]any{"channel": "a", "data": "live"})
-	if ev := c.next(); ev.Data != "live" {
-		t.Fatalf("live after the ACL granted the subscription: %+v", ev)
-	}
+	expectCaughtUpThenLive(t, srv, rds, c, "a", "meanwhile", "live")
 	if metric(t, srv.scrape(), "caddy_sse_redis_channels_denied") != 0 {
 		t.Fatal("the metric still counts the channel as refused")
 	}
@@ -277,14 +270,7 @@ func TestRedisStreamOfRefusedChannelsStartsEachOneGranted(t *testing.T) {
 	})
 	rds.MustCLI("FCALL", "sse_publish_v1", "1", "sse:{a}", "", "a-meanwhile")
 	rds.MustCLI("ACL", "SETUSER", "app", "&sse:{a}")
-	if ev := c.next(); ev.Data != "a-meanwhile" {
-		t.Fatalf("after the ACL granted one channel: %+v, want what was published to it since the stream opened", ev)
-	}
-	rds.WaitShardSubscribers(t, "sse:{a}", 1)
-	srv.publish("/events", map[string]any{"channel": "a", "data": "a-live"})
-	if ev := c.next(); ev.Data != "a-live" {
-		t.Fatalf("the granted channel's live event while the other is refused: %+v", ev)
-	}
+	expectCaughtUpThenLive(t, srv, rds, c, "a", "a-meanwhile", "a-live") // while b is refused
 	rds.MustCLI("FCALL", "sse_publish_v1", "1", "sse:{b}", "", "b-meanwhile")
 	rds.MustCLI("ACL", "SETUSER", "app", "&sse:{b}")
 	if ev := c.next(); ev.Data != "b-meanwhile" {
@@ -411,8 +397,19 @@ func TestRedisReconnectToARefusedChannelNotYetFollowedOpensDegraded(t *testing.T
 		t.Fatalf("first event %+v, want sse_degraded: a reconnect to a refused channel opened as if it were live", ev)
 	}
 	rds.MustCLI("ACL", "SETUSER", "app", "&sse:{b}")
-	expectData(t, c, "b2")
-	rds.WaitShardSubscribers(t, "sse:{b}", 1)
-	srv.publish("/events", map[string]any{"channel": "b", "data": "b3"})
-	expectData(t, c, "b3")
+	expectCaughtUpThenLive(t, srv, rds, c, "b", "b2", "b3")
+}
+
+// expectCaughtUpThenLive expects, once Redis accepts channel's
+// subscription, what was published to it meanwhile, then a live event.
+func expectCaughtUpThenLive(t *testing.T, srv *testServer, rds *redistest.Server, c *sseClient, channel, meanwhile, live string) {
+	t.Helper()
+	if ev := c.next(); ev.Data != meanwhile {
+		t.Fatalf("once Redis accepted %s: %+v, want %q, published to it since the stream opened", channel, ev, meanwhile)
+	}
+	rds.WaitShardSubscribers(t, "sse:{"+channel+"}", 1)
+	srv.publish("/events", map[string]any{"channel": channel, "data": live})
+	if ev := c.next(); ev.Data != live {
+		t.Fatalf("live on %s once Redis accepted it: %+v, want %q", channel, ev, live)
+	}
 }
