@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -226,5 +228,21 @@ func BenchmarkPublishRetryKey(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		_ = onceToken("ns", newRetryKey(), req.fingerprint())
+	}
+}
+
+// BenchmarkReadPublish reads and validates a publish body as the load
+// tool sends it (cmd/ssebench): one channel, data a small JSON object.
+func BenchmarkReadPublish(b *testing.B) {
+	body := []byte(`{"channel":"bench417","data":{"c":"bench417","s":123456,"t":1765000000000000000}}`)
+	h := &Handler{MaxChannels: DefaultMaxChannels, MaxEventSize: DefaultMaxEventSize}
+	w := httptest.NewRecorder()
+	b.ReportAllocs()
+	for b.Loop() {
+		r := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+		if _, rej := h.readPublish(w, r); rej != nil {
+			b.Fatal(rej)
+		}
 	}
 }

@@ -51,7 +51,10 @@ func (h *Handler) readPublish(w http.ResponseWriter, r *http.Request) (*publishR
 		// and a plain one labelled gzip published as if it were plain
 		return nil, &rejection{status: http.StatusUnsupportedMediaType, code: "unsupported_media_type", detail: "send the body without a Content-Encoding"}
 	}
-	mediaType, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	mediaType := r.Header.Get("Content-Type")
+	if mediaType != "application/json" { // the usual one needs no parsing
+		mediaType, _, _ = mime.ParseMediaType(mediaType)
+	}
 	limit := h.bodyLimit()
 	body := r.Body
 	r.Body = http.MaxBytesReader(w, body, limit)
@@ -100,8 +103,32 @@ type jsonPublish struct {
 	Data    json.RawMessage `json:"data"`
 }
 
+// readBody reads a body of the announced size (-1 if unknown) into one
+// buffer of that size: io.ReadAll's first buffer is 512 bytes whatever the
+// body, most of it garbage for a small publish. A body longer than
+// announced (a middleware may replace it) is still read to its end.
+func readBody(body io.Reader, size int64) ([]byte, error) {
+	if size <= 0 || size > bodyOverhead {
+		return io.ReadAll(body)
+	}
+	buf := make([]byte, 0, size+1) // +1: room for the read that finds the end
+	for {
+		n, err := body.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		switch {
+		case err == io.EOF:
+			return buf, nil
+		case err != nil:
+			return buf, err
+		case len(buf) == cap(buf):
+			rest, err := io.ReadAll(body)
+			return append(buf, rest...), err
+		}
+	}
+}
+
 func readJSONPublish(r *http.Request) (*publishRequest, *rejection) {
-	body, err := io.ReadAll(r.Body)
+	body, err := readBody(r.Body, r.ContentLength)
 	if err != nil {
 		return nil, readError(err)
 	}
@@ -134,6 +161,15 @@ func readJSONPublish(r *http.Request) (*publishRequest, *rejection) {
 // repeated field, "Channel" for "channel", and stop before a stray "}":
 // what a proxy or a log in front read might not be what is published.
 func decodeJSONPublish(body []byte) (jsonPublish, error) {
+	if in, ok := splitPublishObject(body); ok {
+		return in, nil // the usual body, read without garbage
+	}
+	return decodeJSONPublishTokens(body)
+}
+
+// decodeJSONPublishTokens is decodeJSONPublish token by token with
+// encoding/json: any body, and the refusal of a bad one.
+func decodeJSONPublishTokens(body []byte) (jsonPublish, error) {
 	var in jsonPublish
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
@@ -173,6 +209,9 @@ func jsonEvent(raw json.RawMessage) (string, *rejection) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return "", nil
 	}
+	if plain, ok := plainJSONString(raw); ok {
+		return string(plain), nil
+	}
 	var s string
 	if err := json.Unmarshal(raw, &s); err != nil {
 		return "", badRequest("event_invalid", `"event" must be a string`)
@@ -186,6 +225,12 @@ func jsonEvent(raw json.RawMessage) (string, *rejection) {
 func jsonChannels(raw json.RawMessage) ([]string, *rejection) {
 	if len(raw) == 0 {
 		return nil, nil // reported as channel_missing
+	}
+	if plain, ok := plainJSONString(raw); ok {
+		return []string{string(plain)}, nil
+	}
+	if list, ok := plainJSONStrings(raw); ok {
+		return list, nil
 	}
 	if hasLoneSurrogate(raw) {
 		// encoding/json would name another channel (U+FFFD for it)
@@ -202,17 +247,17 @@ func jsonChannels(raw json.RawMessage) ([]string, *rejection) {
 	return nil, badRequest("channel_invalid", `"channel" must be a string or an array of strings`)
 }
 
-// jsonData returns a string's text, or any other JSON value as compact JSON.
+// jsonData returns a string's text, or any other JSON value as compact
+// JSON; raw is a valid JSON value (decodeJSONPublish read it).
 func jsonData(raw json.RawMessage) ([]byte, *rejection) {
 	if len(raw) == 0 {
 		return []byte{}, nil
 	}
 	if raw[0] != '"' {
-		var out bytes.Buffer
-		if err := json.Compact(&out, raw); err != nil {
-			return nil, badRequest("json_invalid", "%v", err)
-		}
-		return out.Bytes(), nil
+		return appendCompactJSON(nil, raw), nil
+	}
+	if plain, ok := plainJSONString(raw); ok {
+		return bytes.Clone(plain), nil
 	}
 	var s string
 	if err := json.Unmarshal(raw, &s); err != nil {
@@ -287,7 +332,7 @@ func readFormPublish(r *http.Request, mediaType string, limit int64) (*publishRe
 		defer mf.RemoveAll()
 		form, files = mf.Value, mf.File
 	} else {
-		body, err := io.ReadAll(r.Body)
+		body, err := readBody(r.Body, r.ContentLength)
 		if err != nil {
 			return nil, readError(err)
 		}

@@ -3,7 +3,9 @@ package caddysse
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"testing/iotest"
 	"unicode/utf8"
 )
 
@@ -176,5 +179,28 @@ func TestAFormPublishIsReadWithoutTheURLQuery(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// readBody reads a body to its end whatever size was announced, and
+// reports a body cut short.
+func TestReadBodyReadsToTheEndWhateverTheAnnouncedSize(t *testing.T) {
+	body := strings.Repeat("0123456789", 30)
+	readers := map[string]func() io.Reader{
+		"whole":             func() io.Reader { return strings.NewReader(body) },
+		"a byte at a time":  func() io.Reader { return iotest.OneByteReader(strings.NewReader(body)) },
+		"EOF with the data": func() io.Reader { return iotest.DataErrReader(strings.NewReader(body)) },
+	}
+	for name, reader := range readers {
+		for _, size := range []int64{-1, 0, 1, 299, 300, 301, 5000, bodyOverhead + 1} {
+			got, err := readBody(reader(), size)
+			if err != nil || string(got) != body {
+				t.Errorf("%s, announced %d: read %d bytes, %v", name, size, len(got), err)
+			}
+		}
+	}
+	cut := io.MultiReader(strings.NewReader(body[:100]), iotest.ErrReader(io.ErrUnexpectedEOF))
+	if _, err := readBody(cut, 300); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Errorf("a body cut short: %v", err)
 	}
 }
