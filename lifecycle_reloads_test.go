@@ -3,6 +3,8 @@ package caddysse
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -287,4 +289,45 @@ func settledRedisClients(t *testing.T, rds *redistest.Server, base int) int {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return redisClients(t, rds)
+}
+
+// A stream request that reaches a config on its way out — the old server
+// still serves the connections it had when a reload began — is answered as
+// that config's streams were, with server_closing inside a 200 stream, so
+// that the client reconnects to the next config; a 503 would make a
+// browser's EventSource give up for good. The config's own Redis hub is
+// closed by then.
+func TestAStreamRequestToAConfigOnItsWayOutIsToldToReconnect(t *testing.T) {
+	rds := redistest.Start(t)
+	startCaddy(t, lifeSite(lifeSSE("/events", "")))
+	h := &Handler{Channels: []string{"a"}, Redis: &RedisConfig{URL: rds.URL(), Prefix: "way-out"}}
+	ctx := caddy.ActiveContext()
+	ctx.Context = context.WithValue(ctx.Context, caddyhttp.ServerCtxKey, &caddyhttp.Server{})
+	if err := h.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	for _, lastEventID := range []string{"", "0-1"} {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodGet, "/events", nil)
+		if lastEventID != "" {
+			req.Header.Set("Last-Event-ID", lastEventID)
+		}
+		req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), rec, &caddyhttp.Server{})
+		served := make(chan error, 1)
+		go func() {
+			served <- h.ServeHTTP(rec, req, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
+		}()
+		select {
+		case <-served:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("Last-Event-ID %q: the request is still served after 10 s", lastEventID)
+		}
+		body := rec.Body.String()
+		if rec.Code != http.StatusOK || !strings.Contains(body, "event: server_closing\n") || !strings.Contains(body, "retry: ") {
+			t.Errorf("Last-Event-ID %q: %d %q, want 200 and server_closing", lastEventID, rec.Code, body)
+		}
+	}
 }

@@ -111,6 +111,17 @@ func (r *registry) awaitClosing(timeout time.Duration) {
 	}
 }
 
+// closingNotice is the notice a stream opening now would be told, or nil
+// if closing has not begun.
+func (r *registry) closingNotice() *closeNotice {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed == "" {
+		return nil
+	}
+	return r.notice(r.closed)
+}
+
 func (r *registry) notice(reason string) *closeNotice {
 	n := &closeNotice{reason: reason}
 	if r.jitter > 0 {

@@ -653,12 +653,17 @@ func (s *stream) writeClosing(n *closeNotice) error {
 		s.buf = wire.AppendComment(s.buf[:0], "connection closed: slow client")
 		return s.out.WriteLast(s.buf)
 	}
-	s.buf = wire.AppendRetry(s.buf[:0], n.retry.Milliseconds())
-	s.buf = wire.AppendEvent(s.buf, wire.TypeServerClosing, []byte(`{"reason":"`+n.reason+`"}`))
-	s.buf = wire.AppendEnd(s.buf)
+	s.buf = appendClosing(s.buf[:0], n)
 	// last words: a client that does not take them within lastWordsTimeout
 	// is not waited for (a stop waits for every stream)
 	return s.out.WriteLast(s.buf)
+}
+
+// appendClosing appends the retry hint and server_closing event of n.
+func appendClosing(buf []byte, n *closeNotice) []byte {
+	buf = wire.AppendRetry(buf, n.retry.Milliseconds())
+	buf = wire.AppendEvent(buf, wire.TypeServerClosing, []byte(`{"reason":"`+n.reason+`"}`))
+	return wire.AppendEnd(buf)
 }
 
 // slotBits holds a bit per slot of a stream.

@@ -67,6 +67,9 @@ func (h *Handler) openStream(w http.ResponseWriter, r *http.Request) (*stream, s
 	if rej := reconnectTooLarge(r, len(s.names)); rej != nil {
 		return nil, startingPoint{}, h.reject(w, r, rej, 0)
 	}
+	if n := h.streams.closingNotice(); n != nil {
+		return nil, startingPoint{}, h.tellToReconnect(w, r, n)
+	}
 	repl.Set("http.sse.channels", strings.Join(names, ","))
 	repl.Set("http.sse.principal", principal)
 	who := client{principal: principal, ip: clientIP(r)}
@@ -92,6 +95,9 @@ func (h *Handler) openStream(w http.ResponseWriter, r *http.Request) (*stream, s
 		s.degrade(lastEventID(r), err, nil)
 		start = startingPoint{}
 	case err != nil:
+		if n := h.streams.closingNotice(); n != nil {
+			return nil, startingPoint{}, h.tellToReconnect(w, r, n) // its hub went with the config
+		}
 		return nil, startingPoint{}, h.reject(w, r, &rejection{status: http.StatusServiceUnavailable, code: "history_unavailable", detail: err.Error()}, time.Second)
 	case start.refused != nil:
 		s.degrade(lastEventID(r), start.refusal, start.refused) // those channels only
@@ -106,6 +112,26 @@ func (h *Handler) openStream(w http.ResponseWriter, r *http.Request) (*stream, s
 	s.net.Store(sw)
 	opened = true
 	return s, start, nil
+}
+
+// tellToReconnect answers a stream request that reached a config on its
+// way out — a reload or stop began while the request was on its way (the
+// old server still serves the connections it had), or while its history
+// was read, and the config's hub is closed — as the config's open streams
+// were answered: server_closing, so that the client reconnects to the next
+// config. A 503 would make a browser's EventSource give up for good.
+func (h *Handler) tellToReconnect(w http.ResponseWriter, r *http.Request, n *closeNotice) error {
+	h.logger.Debug("stream told to reconnect: the config is closing", zap.String("reason", n.reason), zap.String("remote", r.RemoteAddr))
+	setStreamHeaders(w.Header())
+	w.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodHead {
+		return nil
+	}
+	if _, err := w.Write(appendClosing(nil, n)); err != nil {
+		return nil // the client left
+	}
+	_ = http.NewResponseController(w).Flush()
+	return nil
 }
 
 // serveStream starts the stream on net/http — headers, preamble, replay,
