@@ -24,9 +24,12 @@ type instance struct {
 func startInstance(t *testing.T, url string, extra ...string) *instance {
 	t.Helper()
 	adminPort, port := freePort(t, false), freePort(t, false)
+	// debug: a failing test prints Caddy's output, streams' openings and
+	// ends with it
 	caddyfile := fmt.Sprintf(`{
 	admin 127.0.0.1:%d
 	auto_https off
+	debug
 }
 
 http://:%d {

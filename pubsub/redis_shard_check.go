@@ -215,7 +215,9 @@ func (s *shard) readNewest(ctx context.Context, c redis.UniversalClient, heads [
 	for j, cmd := range cmds {
 		reply, err := cmd.Result()
 		if err != nil {
-			continue // the sync goes on without it: as if never announced
+			// the sync goes on without it: as if never announced
+			s.w.b.log().Debug("reading a channel's newest event for its first sync failed", zap.String("key", keys[j]), zap.Error(err))
+			continue
 		}
 		page, bad, err := parsePage(reply)
 		if err != nil || len(page.Events) != 1 {
