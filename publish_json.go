@@ -15,9 +15,10 @@ import (
 // and says when it is not: the caller then reads the body as before, so
 // what is accepted, refused and said in a refusal does not change.
 
-// splitPublishObject reads a body that json.Valid accepts into its three
-// fields, raw. ok is false unless the body is an object whose names are
-// channel, event and data, each at most once and without escapes.
+// splitPublishObject reads the body's three fields, raw. ok is false
+// unless the body is valid JSON (json.Valid, which allocates nothing for
+// it) and an object whose names are channel, event and data, each at most
+// once and without escapes.
 func splitPublishObject(body []byte) (in jsonPublish, ok bool) {
 	if !json.Valid(body) {
 		return in, false
