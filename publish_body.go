@@ -103,12 +103,17 @@ type jsonPublish struct {
 	Data    json.RawMessage `json:"data"`
 }
 
+// sizedReadMax is the largest body readBody reads into a buffer of its
+// announced size at once; a larger one grows as it is read, so that a
+// request that announces megabytes and sends little does not cost them.
+const sizedReadMax = 64 << 10
+
 // readBody reads a body of the announced size (-1 if unknown) into one
 // buffer of that size: io.ReadAll's first buffer is 512 bytes whatever the
 // body, most of it garbage for a small publish. A body longer than
 // announced (a middleware may replace it) is still read to its end.
 func readBody(body io.Reader, size int64) ([]byte, error) {
-	if size <= 0 || size > bodyOverhead {
+	if size <= 0 || size > sizedReadMax {
 		return io.ReadAll(body)
 	}
 	buf := make([]byte, 0, size+1) // +1: room for the read that finds the end

@@ -192,7 +192,7 @@ func TestReadBodyReadsToTheEndWhateverTheAnnouncedSize(t *testing.T) {
 		"EOF with the data": func() io.Reader { return iotest.DataErrReader(strings.NewReader(body)) },
 	}
 	for name, reader := range readers {
-		for _, size := range []int64{-1, 0, 1, 299, 300, 301, 5000, bodyOverhead + 1} {
+		for _, size := range []int64{-1, 0, 1, 299, 300, 301, 5000, sizedReadMax + 1} {
 			got, err := readBody(reader(), size)
 			if err != nil || string(got) != body {
 				t.Errorf("%s, announced %d: read %d bytes, %v", name, size, len(got), err)
