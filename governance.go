@@ -207,15 +207,20 @@ func (h *Handler) inStream(r *http.Request, rej *rejection) bool {
 // with the JSON body a status refusal would carry, and the end. A browser's
 // EventSource then reconnects after that delay instead of giving up.
 func rejectInStream(w http.ResponseWriter, r *http.Request, rej *rejection, retryAfter time.Duration) {
+	data, _ := json.Marshal(errorBody{Error: rej.code, Detail: rej.detail})
+	buf := wire.AppendRetry(nil, wholeSeconds(retryAfter)*1000)
+	writeShortStream(w, r, wire.AppendEnd(wire.AppendEvent(buf, wire.TypeRejected, data)))
+}
+
+// writeShortStream answers with a 200 stream of body alone, which ends
+// there (a HEAD gets the headers).
+func writeShortStream(w http.ResponseWriter, r *http.Request, body []byte) {
 	setStreamHeaders(w.Header())
 	w.WriteHeader(http.StatusOK)
 	if r.Method == http.MethodHead {
 		return
 	}
-	data, _ := json.Marshal(errorBody{Error: rej.code, Detail: rej.detail})
-	buf := wire.AppendRetry(nil, wholeSeconds(retryAfter)*1000)
-	buf = wire.AppendEnd(wire.AppendEvent(buf, wire.TypeRejected, data))
-	if _, err := w.Write(buf); err == nil {
+	if _, err := w.Write(body); err == nil {
 		_ = http.NewResponseController(w).Flush()
 	}
 }

@@ -122,15 +122,7 @@ func (h *Handler) openStream(w http.ResponseWriter, r *http.Request) (*stream, s
 // config. A 503 would make a browser's EventSource give up for good.
 func (h *Handler) tellToReconnect(w http.ResponseWriter, r *http.Request, n *closeNotice) error {
 	h.logger.Debug("stream told to reconnect: the config is closing", zap.String("reason", n.reason), zap.String("remote", r.RemoteAddr))
-	setStreamHeaders(w.Header())
-	w.WriteHeader(http.StatusOK)
-	if r.Method == http.MethodHead {
-		return nil
-	}
-	if _, err := w.Write(appendClosing(nil, n)); err != nil {
-		return nil // the client left
-	}
-	_ = http.NewResponseController(w).Flush()
+	writeShortStream(w, r, appendClosing(nil, n))
 	return nil
 }
 
