@@ -119,10 +119,11 @@ func (h *Handler) openStream(w http.ResponseWriter, r *http.Request) (*stream, s
 // old server still serves the connections it had), or while its history
 // was read, and the config's hub is closed — as the config's open streams
 // were answered: server_closing, so that the client reconnects to the next
-// config. A 503 would make a browser's EventSource give up for good.
+// config. A 503 would make a browser's EventSource give up for good. It
+// opens as every stream does, then says server_closing at once.
 func (h *Handler) tellToReconnect(w http.ResponseWriter, r *http.Request, n *closeNotice) error {
 	h.logger.Debug("stream told to reconnect: the config is closing", zap.String("reason", n.reason), zap.String("remote", r.RemoteAddr))
-	writeShortStream(w, r, appendClosing(nil, n))
+	writeShortStream(w, r, appendClosing(h.appendPreamble(nil), n))
 	return nil
 }
 
@@ -401,12 +402,18 @@ func setStreamHeaders(hdr http.Header) {
 	hdr.Del("Content-Length")
 }
 
+// appendPreamble appends what every stream opens with: a comment and the
+// retry hint.
+func (h *Handler) appendPreamble(buf []byte) []byte {
+	buf = wire.AppendComment(buf, "ok")
+	buf = wire.AppendRetry(buf, time.Duration(h.Retry).Milliseconds())
+	return wire.AppendEnd(buf)
+}
+
 // open writes the stream's preamble (a comment and the retry hint), flushes
 // the headers with it, then the truncation notice and the replay.
 func (s *stream) open(ctx context.Context, sp startingPoint) error {
-	s.buf = wire.AppendComment(s.buf[:0], "ok")
-	s.buf = wire.AppendRetry(s.buf, time.Duration(s.h.Retry).Milliseconds())
-	s.buf = wire.AppendEnd(s.buf)
+	s.buf = s.h.appendPreamble(s.buf[:0])
 	if err := s.out.Write(s.buf); err != nil {
 		return err
 	}
