@@ -34,6 +34,15 @@ func rejectedCalls(t *testing.T, rds *redistest.Server, command string) int {
 
 // aclSite is a site whose sse handler reaches rds as the ACL user app
 // (password pw), with /metrics and the handler's extra settings.
+// startACLCaddy runs site (an aclSite) and unloads it when the test ends,
+// before the test's Redis stops (cleanups run last first).
+func startACLCaddy(t *testing.T, site string, globals ...string) *testServer {
+	t.Helper()
+	srv := startCaddy(t, site, globals...)
+	t.Cleanup(func() { _ = caddy.Load([]byte(`{"admin":{"disabled":true}}`), true) })
+	return srv
+}
+
 func aclSite(rds *redistest.Server, extra ...string) string {
 	return `
 :{PORT} {
@@ -70,8 +79,7 @@ func TestRedisUserThatMayNotSubscribe(t *testing.T) {
 	rds.MustCLI("ACL", "SETUSER", "app", "on", ">pw", "~sse:*", "&sse:*", "+@all", "-ssubscribe")
 	logFile := filepath.Join(t.TempDir(), "sse.log")
 	admin := "127.0.0.1:" + strconv.Itoa(freePort(t))
-	srv := startCaddy(t, aclSite(rds, "heartbeat 200ms"), "admin "+admin, sseLog(logFile))
-	t.Cleanup(func() { _ = caddy.Load([]byte(`{"admin":{"disabled":true}}`), true) })
+	srv := startACLCaddy(t, aclSite(rds, "heartbeat 200ms"), "admin "+admin, sseLog(logFile))
 	logs := func() string {
 		b, _ := os.ReadFile(logFile)
 		return string(b)
@@ -125,8 +133,7 @@ func TestRedisUserGrantedSomeChannelsKeepsTheOthersLive(t *testing.T) {
 	rds.MustCLI("ACL", "SETUSER", "app", "on", ">pw", "~sse:*", "+@all", "resetchannels",
 		"&sse:{a}", "&sse:{c}", "&sse:{sse,throttles}")
 	admin := "127.0.0.1:" + strconv.Itoa(freePort(t))
-	srv := startCaddy(t, aclSite(rds), "admin "+admin)
-	t.Cleanup(func() { _ = caddy.Load([]byte(`{"admin":{"disabled":true}}`), true) })
+	srv := startACLCaddy(t, aclSite(rds), "admin "+admin)
 	a, c := srv.subscribe("/events?channels=a", nil), srv.subscribe("/events?channels=c", nil)
 	rds.WaitShardSubscribers(t, "sse:{a}", 1)
 	rds.WaitShardSubscribers(t, "sse:{c}", 1)
@@ -205,8 +212,7 @@ func TestRedisStreamOfAGrantedAndARefusedChannelKeepsTheGrantedOneLive(t *testin
 	rds := redistest.Start(t)
 	rds.MustCLI("ACL", "SETUSER", "app", "on", ">pw", "~sse:*", "+@all", "resetchannels",
 		"&sse:{a}", "&sse:{sse,throttles}")
-	srv := startCaddy(t, aclSite(rds))
-	t.Cleanup(func() { _ = caddy.Load([]byte(`{"admin":{"disabled":true}}`), true) })
+	srv := startACLCaddy(t, aclSite(rds))
 	srv.publish("/events", map[string]any{"channel": "a", "data": "a-before"}) // loads the library
 
 	c := srv.subscribe("/events?channels=a,b", nil)
@@ -243,8 +249,7 @@ func TestRedisStreamWaitingForARefusedChannelCatchesUpOnTheOthers(t *testing.T) 
 	rds := redistest.Start(t)
 	rds.MustCLI("ACL", "SETUSER", "app", "on", ">pw", "~sse:*", "+@all", "resetchannels",
 		"&sse:{a}", "&sse:{sse,throttles}")
-	srv := startCaddy(t, aclSite(rds, "queue 2", "history 1000", "history_bytes 16MiB", "slow_client_timeout 1m"))
-	t.Cleanup(func() { _ = caddy.Load([]byte(`{"admin":{"disabled":true}}`), true) })
+	srv := startACLCaddy(t, aclSite(rds, "queue 2", "history 1000", "history_bytes 16MiB", "slow_client_timeout 1m"))
 	overflowCatchUp(t, srv, "a,b", func(c *sseClient) {
 		if ev := c.next(); ev.Type != "sse_degraded" {
 			t.Fatalf("first event %+v, want sse_degraded", ev)
@@ -259,8 +264,7 @@ func TestRedisStreamWaitingForARefusedChannelCatchesUpOnTheOthers(t *testing.T) 
 func TestRedisStreamOfRefusedChannelsStartsEachOneGranted(t *testing.T) {
 	rds := redistest.Start(t)
 	rds.MustCLI("ACL", "SETUSER", "app", "on", ">pw", "~sse:*", "+@all", "resetchannels", "&sse:{sse,throttles}")
-	srv := startCaddy(t, aclSite(rds))
-	t.Cleanup(func() { _ = caddy.Load([]byte(`{"admin":{"disabled":true}}`), true) })
+	srv := startACLCaddy(t, aclSite(rds))
 	c := srv.subscribe("/events?channels=a,b", nil)
 	if ev := c.next(); ev.Type != "sse_degraded" || ev.Data != `{"channels":["a","b"]}` {
 		t.Fatalf("first event %+v, want sse_degraded naming both channels", ev)
@@ -328,8 +332,7 @@ func TestRedisStreamWaitingForRefusedChannelsCountsItsReplayOnce(t *testing.T) {
 	rds := redistest.Start(t)
 	rds.MustCLI("ACL", "SETUSER", "app", "on", ">pw", "~sse:*", "+@all", "resetchannels",
 		"&sse:{a}", "&sse:{b}", "&sse:{c}", "&sse:{sse,throttles}")
-	srv := startCaddy(t, aclSite(rds))
-	t.Cleanup(func() { _ = caddy.Load([]byte(`{"admin":{"disabled":true}}`), true) })
+	srv := startACLCaddy(t, aclSite(rds))
 	c := srv.subscribe("/events?channels=a,b,c", nil)
 	for _, ch := range []string{"a", "b", "c"} {
 		rds.WaitShardSubscribers(t, "sse:{"+ch+"}", 1)
@@ -386,8 +389,7 @@ func TestRedisReconnectToARefusedChannelNotYetFollowedOpensDegraded(t *testing.T
 	rds := redistest.Start(t)
 	rds.MustCLI("ACL", "SETUSER", "app", "on", ">pw", "~sse:*", "+@all", "resetchannels",
 		"&sse:{b}", "&sse:{sse,throttles}")
-	srv := startCaddy(t, aclSite(rds))
-	t.Cleanup(func() { _ = caddy.Load([]byte(`{"admin":{"disabled":true}}`), true) })
+	srv := startACLCaddy(t, aclSite(rds))
 	cursor := srv.publish("/events", map[string]any{"channel": "b", "data": "b1"})["b"] // no stream follows b
 	rds.MustCLI("ACL", "SETUSER", "app", "resetchannels", "&sse:{sse,throttles}")
 	rds.MustCLI("FCALL", "sse_publish_v1", "1", "sse:{b}", "", "b2") // a backend's user may
