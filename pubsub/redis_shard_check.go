@@ -130,7 +130,7 @@ func (s *shard) checkBatch(keys []string) {
 		r.moved = append(r.moved, there.moved...)
 	}
 	for _, h := range r.synced {
-		s.w.syncHead(h.wt, h.head, h.newest, h.before)
+		s.w.syncHead(h)
 	}
 	if len(r.moved) > 0 {
 		s.moveSlotsOf(r.moved)
@@ -186,6 +186,9 @@ type headOf struct {
 	newest *replay.Event
 	// before is where the watch was when the head was read
 	before watchMark
+	// unread: Redis failed the read of newest (syncHead waits for the
+	// next check)
+	unread bool
 }
 
 // readNewest reads, in one pipeline, the newest event of every channel in
@@ -213,17 +216,17 @@ func (s *shard) readNewest(ctx context.Context, c redis.UniversalClient, heads [
 		cmds = s.readPipelined(ctx, c, keys, args)
 	}
 	for j, cmd := range cmds {
+		h := &heads[first[j]]
 		reply, err := cmd.Result()
 		if err != nil {
-			// the sync goes on without it: as if never announced
-			s.w.b.log().Debug("reading a channel's newest event for its first sync failed", zap.String("key", keys[j]), zap.Error(err))
+			s.w.b.log().Debug("reading a channel's newest event for its first sync failed; the next check syncs it", zap.String("key", keys[j]), zap.Error(err))
+			h.unread = true
 			continue
 		}
 		page, bad, err := parsePage(reply)
 		if err != nil || len(page.Events) != 1 {
-			continue
+			continue // none to deliver: a history emptied, or an event not valid
 		}
-		h := &heads[first[j]]
 		s.w.warnBad(h.wt, bad)
 		h.newest = page.Events[0]
 	}

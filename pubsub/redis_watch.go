@@ -597,23 +597,32 @@ func (w *watcher) repairLocked(wt *watch) bool {
 // point before this instance's Redis subscription was confirmed, so an
 // event published in between may never be announced here. The newest event
 // is therefore delivered at the first sync: a stream that is behind it sees
-// a gap and reads the history, the others drop it as a duplicate.
+// a gap and reads the history, the others drop it as a duplicate. A first
+// sync whose read of the newest event failed is left to the next check:
+// started at the head without it, the watch left such a stream silent until
+// a next event, which may never come. Its streams meanwhile wait for syncWait
+// and read the head themselves, and an announcement starts it as well.
 //
-// newest is that event, read in the same check as head (nil if there is
-// none, or if it was not read). before is where the watch was when head
-// was read: a watch that has delivered past head since is not behind (its
-// events are announced while the check runs), and reading its history
-// would only hold up its next announcement; a watch whose subscription was
-// lost since stays behind.
-func (w *watcher) syncHead(wt *watch, head replay.Position, newest *replay.Event, before watchMark) {
-	defer wt.markReady() // known now; after the unlock, so that startAt's read lock is free
+// h.newest is that event, read in the same check as the head (nil if there
+// is none, or if it was not read). h.before is where the watch was when the
+// head was read: a watch that has delivered past the head since is not
+// behind (its events are announced while the check runs), and reading its
+// history would only hold up its next announcement; a watch whose
+// subscription was lost since stays behind.
+func (w *watcher) syncHead(h headOf) {
+	wt, head, before := h.wt, h.head, h.before
 	wt.mu.Lock()
+	if !wt.known && h.unread {
+		wt.mu.Unlock()
+		return
+	}
+	defer wt.markReady() // known now; after the unlock, so that startAt's read lock is free
 	defer wt.mu.Unlock()
 	switch {
 	case !wt.known:
 		wt.last, wt.known = head, true
-		if newest != nil && newest.Pos == head {
-			w.deliverLocked(wt, newest)
+		if h.newest != nil && h.newest.Pos == head {
+			w.deliverLocked(wt, h.newest)
 		}
 	case head == wt.last:
 	case wt.last != before.last && wt.last.Holds(head):

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -595,7 +596,7 @@ func TestRedisCheckReadBeforeDeliveriesOrALoss(t *testing.T) {
 	ahead.last, ahead.known = at(5), true
 	before := ahead.mark()
 	ahead.last = at(7) // announced while the check read the head (6)
-	w.syncHead(ahead, at(6), nil, before)
+	w.syncHead(headOf{wt: ahead, head: at(6), before: before})
 	if last, ok := ahead.delivered(); !ok || last != at(7) {
 		t.Fatalf("a watch ahead of the head read: %+v, usable %v", last, ok)
 	}
@@ -604,11 +605,11 @@ func TestRedisCheckReadBeforeDeliveriesOrALoss(t *testing.T) {
 	lost.last, lost.known = at(5), true
 	before = lost.mark()
 	lost.lostSubscription() // the connection ended after the read
-	w.syncHead(lost, at(5), nil, before)
+	w.syncHead(headOf{wt: lost, head: at(5), before: before})
 	if _, ok := lost.delivered(); ok {
 		t.Fatal("a check read before the subscription was lost cleared behind")
 	}
-	w.syncHead(lost, at(5), nil, lost.mark())
+	w.syncHead(headOf{wt: lost, head: at(5), before: lost.mark()})
 	if _, ok := lost.delivered(); !ok {
 		t.Fatal("a check read after the loss left the watch behind")
 	}
@@ -718,5 +719,58 @@ func TestRefusedKeysAreAskedAgainInTurn(t *testing.T) {
 				t.Fatal("a key asked and not answered yet was asked again")
 			}
 		}
+	}
+}
+
+// A channel's first sync that could not read the newest event (Redis
+// failed that one read) is made again at the next check, instead of
+// starting the watch at the head without it: a stream that read its
+// starting point before this instance's subscription was confirmed learns
+// of the events published in between only from that event (syncHead), and
+// was otherwise left silent until a next publish, which may never come.
+// Here the event was published before the subscription: its first sync
+// delivers it once the read succeeds.
+func TestRedisFirstSyncWhoseNewestReadFailedIsMadeAgain(t *testing.T) {
+	srv := redistest.Start(t)
+	pub, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	sent := publishTo(t, pub, "late", "before the subscription")
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: 300 * time.Millisecond})
+	failure := &newestReadFailure{}
+	broker.Client().AddHook(failure)
+
+	rec := newRedisRecorder()
+	t.Cleanup(hub.Subscribe(rec, []string{"late"}).Close)
+	got := rec.waitFor(t, 0, 1)
+	if !failure.failed.Load() {
+		t.Fatal("no read of a newest event failed: the test proves nothing")
+	}
+	if got[0].Pos != sent || dataOf(got[0]) != "before the subscription" {
+		t.Fatalf("delivered %+v %q, want %+v", got[0].Pos, dataOf(got[0]), sent)
+	}
+}
+
+// newestReadFailure is a go-redis hook that fails the first pipeline made
+// only of the library's reads (a check's read of newest events; a read of
+// heads holds HMGETs), as a Redis error would.
+type newestReadFailure struct{ failed atomic.Bool }
+
+func (f *newestReadFailure) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (f *newestReadFailure) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (f *newestReadFailure) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			if name := cmd.Name(); name != "fcall_ro" && name != "evalsha_ro" {
+				return next(ctx, cmds)
+			}
+		}
+		if !f.failed.CompareAndSwap(false, true) {
+			return next(ctx, cmds)
+		}
+		err := errors.New("ERR the test fails this read")
+		for _, cmd := range cmds {
+			cmd.SetErr(err)
+		}
+		return err
 	}
 }
