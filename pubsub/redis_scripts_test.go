@@ -2,12 +2,14 @@ package pubsub
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/caddy-sse/caddy-sse/internal/redistest"
+	"github.com/caddy-sse/caddy-sse/replay"
 )
 
 // The committed EVAL scripts are what evalScript derives from redis.lua;
@@ -215,5 +217,41 @@ func TestDirectPublishWithLimitsRedisCannotTakeWritesNothing(t *testing.T) {
 	rds.MustCLI(v1("1000", "86400000")...)
 	if n := rds.MustCLI("XLEN", key+":s"); n != "1" {
 		t.Fatalf("a valid publish: the history has %s events", n)
+	}
+}
+
+// Where functions are forbidden, the first syncs of new channels read their
+// newest events by the script's digest: with its source, each read sent
+// Redis the library's 13.6 KB (EVAL_RO). A Redis that does not have the
+// script yet is given it once. Each new channel's newest event is still
+// delivered (a stream behind it learns of what it missed).
+func TestRedisWithoutFunctionsFirstSyncsReadByDigest(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.MustCLI("ACL", "SETUSER", "nofunc", "on", ">pw", "~*", "&*", "+@all", "-function", "-fcall", "-fcall_ro")
+	opts := RedisOptions{Addrs: []string{srv.Addr()}, Username: "nofunc", Password: "pw", CheckInterval: time.Minute}
+	pub, _ := newRedisHub(t, opts)
+	const channels = 20
+	newest := make([]replay.Position, channels)
+	for c := range channels {
+		newest[c] = publishTo(t, pub, fmt.Sprint("digest-", c), "newest")
+	}
+	srv.MustCLI("SCRIPT", "FLUSH") // as after a restart: the read's script is not there
+
+	hub, _ := newRedisHub(t, opts)
+	before := commandCounts(t, srv, "cmdstat_eval_ro", "cmdstat_evalsha_ro")
+	recs := make([]*redisRecorder, channels)
+	for c := range channels {
+		recs[c] = newRedisRecorder()
+		t.Cleanup(hub.Subscribe(recs[c], []string{fmt.Sprint("digest-", c)}).Close)
+	}
+	for c, rec := range recs {
+		if got := rec.waitFor(t, 0, 1); got[0].Pos != newest[c] {
+			t.Fatalf("channel %d: first sync delivered %+v, want %+v", c, got[0].Pos, newest[c])
+		}
+	}
+	after := commandCounts(t, srv, "cmdstat_eval_ro", "cmdstat_evalsha_ro")
+	if bySource, byDigest := after[0]-before[0], after[1]-before[1]; bySource != 0 || byDigest < channels {
+		t.Fatalf("first syncs of %d channels: %d reads with the script's source, %d by its digest; want 0 and at least %d",
+			channels, bySource, byDigest, channels)
 	}
 }
