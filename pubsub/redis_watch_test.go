@@ -731,10 +731,22 @@ func TestRefusedKeysAreAskedAgainInTurn(t *testing.T) {
 // Here the event was published before the subscription: its first sync
 // delivers it once the read succeeds.
 func TestRedisFirstSyncWhoseNewestReadFailedIsMadeAgain(t *testing.T) {
+	t.Run("functions", func(t *testing.T) { firstSyncAfterAFailedRead(t, "") })
+	t.Run("scripts", func(t *testing.T) { firstSyncAfterAFailedRead(t, "nofunc") })
+}
+
+// firstSyncAfterAFailedRead runs the test above as user (empty: the
+// default user; nofunc: one that Redis forbids functions).
+func firstSyncAfterAFailedRead(t *testing.T, user string) {
 	srv := redistest.Start(t)
-	pub, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	opts := RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: 300 * time.Millisecond}
+	if user != "" {
+		srv.MustCLI("ACL", "SETUSER", user, "on", ">pw", "~*", "&*", "+@all", "-function", "-fcall", "-fcall_ro")
+		opts.Username, opts.Password = user, "pw"
+	}
+	pub, _ := newRedisHub(t, opts)
 	sent := publishTo(t, pub, "late", "before the subscription")
-	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: 300 * time.Millisecond})
+	hub, broker := newRedisHub(t, opts)
 	failure := &newestReadFailure{}
 	broker.Client().AddHook(failure)
 
@@ -760,7 +772,7 @@ func (f *newestReadFailure) ProcessHook(next redis.ProcessHook) redis.ProcessHoo
 func (f *newestReadFailure) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		for _, cmd := range cmds {
-			if name := cmd.Name(); name != "fcall_ro" && name != "evalsha_ro" {
+			if name := cmd.Name(); name != "fcall_ro" && name != "evalsha_ro" && name != "eval_ro" {
 				return next(ctx, cmds)
 			}
 		}
