@@ -272,17 +272,17 @@ func TestParseProc(t *testing.T) {
 	}
 }
 
-func TestParseCPUBusy(t *testing.T) {
+func TestParseCPUTimes(t *testing.T) {
 	stat := "cpu  100 5 50 9000 7 3 2 1 0 0\ncpu0 50 2 25 4500 3 1 1 0 0 0\n"
-	got, err := parseCPUBusy([]byte(stat))
-	if err != nil || got != 1.61 {
-		t.Fatalf("parseCPUBusy = %v, %v; want 1.61", got, err)
+	got, err := parseCPUTimes([]byte(stat))
+	if err != nil || got.busy != 1.60 || got.steal != 0.01 {
+		t.Fatalf("parseCPUTimes = %+v, %v; want busy 1.60 (user, nice, system, irq, softirq), steal 0.01", got, err)
 	}
-	if _, err := parseCPUBusy([]byte("intr 1 2 3\n")); err == nil {
+	if _, err := parseCPUTimes([]byte("intr 1 2 3\n")); err == nil {
 		t.Fatal("no cpu line accepted")
 	}
-	if v, ok := machineBusy(); !ok || v <= 0 {
-		t.Fatalf("machineBusy = %v %v", v, ok)
+	if v, ok := machineCPU(); !ok || v.busy <= 0 {
+		t.Fatalf("machineCPU = %+v %v", v, ok)
 	}
 }
 

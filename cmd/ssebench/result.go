@@ -51,7 +51,11 @@ type boxSummary struct {
 	// measured traffic that the kernel deferred (not counted in others).
 	SoftirqCores float64 `json:"softirq_cores"`
 	OtherCores   float64 `json:"other_cores"`
-	Cores        int     `json:"cores"`
+	// StealCores is what the hypervisor took from this machine's CPUs
+	// (not in busy or others since the twenty-ninth session; in both
+	// before): a slowed host, not other processes.
+	StealCores float64 `json:"steal_cores"`
+	Cores      int     `json:"cores"`
 }
 
 type rampSummary struct {

@@ -22,13 +22,13 @@ import (
 
 // boxWindow starts measuring the machine's CPU; end records the window.
 func (r *runner) boxWindow() (end func()) {
-	busy0, ok := machineBusy()
+	cpu0, ok := machineCPU()
 	srv0, _ := r.sample()
 	self0 := r.clientCPU()
 	soft0 := softirqCPU()
 	t0 := time.Now()
 	return func() {
-		busy1, ok1 := machineBusy()
+		cpu1, ok1 := machineCPU()
 		if !ok || !ok1 {
 			return
 		}
@@ -39,7 +39,8 @@ func (r *runner) boxWindow() (end func()) {
 		}
 		b := &boxSummary{
 			Seconds:     round3(secs),
-			BusyCores:   round3((busy1 - busy0) / secs),
+			BusyCores:   round3((cpu1.busy - cpu0.busy) / secs),
+			StealCores:  round3((cpu1.steal - cpu0.steal) / secs),
 			ServerCores: round3((srv1.cpuSec - srv0.cpuSec) / secs),
 			RedisCores:  round3((srv1.redisCPU() - srv0.redisCPU()) / secs),
 			ClientCores: round3((r.clientCPU() - self0) / secs),
@@ -50,6 +51,9 @@ func (r *runner) boxWindow() (end func()) {
 		r.res.Box = b
 		if b.OtherCores > r.cfg.quietCores {
 			r.note(fmt.Sprintf("contended: other processes used %.2f cores during the measurement", b.OtherCores))
+		}
+		if b.StealCores > r.cfg.quietCores {
+			r.note(fmt.Sprintf("slowed host: the hypervisor took %.2f cores from this machine (steal) during the measurement", b.StealCores))
 		}
 	}
 }
@@ -63,25 +67,26 @@ func (r *runner) waitQuiet() {
 	setPhase("wait-quiet")
 	deadline := time.Now().Add(r.cfg.quietWait)
 	for {
-		busy0, ok := machineBusy()
+		cpu0, ok := machineCPU()
 		srv0, _ := r.sample()
 		self0 := r.clientCPU()
 		time.Sleep(2 * time.Second)
-		busy1, ok1 := machineBusy()
+		cpu1, ok1 := machineCPU()
 		srv1, _ := r.sample()
 		if !ok || !ok1 {
 			return
 		}
-		others := (busy1 - busy0 - (srv1.cpuSec - srv0.cpuSec) - (srv1.redisCPU() - srv0.redisCPU()) - (r.clientCPU() - self0)) / 2
-		if others < r.cfg.quietCores {
+		others := (cpu1.busy - cpu0.busy - (srv1.cpuSec - srv0.cpuSec) - (srv1.redisCPU() - srv0.redisCPU()) - (r.clientCPU() - self0)) / 2
+		steal := (cpu1.steal - cpu0.steal) / 2
+		if others+steal < r.cfg.quietCores {
 			return
 		}
 		if time.Now().After(deadline) {
-			r.note(fmt.Sprintf("the machine was still busy (%.2f cores used by others) after -quiet-wait %s", others, r.cfg.quietWait))
+			r.note(fmt.Sprintf("the machine was still busy (%.2f cores used by others, %.2f taken by the hypervisor) after -quiet-wait %s", others, steal, r.cfg.quietWait))
 			return
 		}
 		if !r.cfg.quiet {
-			fmt.Fprintf(r.stderr, "ssebench: waiting for a quiet machine (others use %.2f cores)\n", others)
+			fmt.Fprintf(r.stderr, "ssebench: waiting for a quiet machine (others use %.2f cores, the hypervisor takes %.2f)\n", others, steal)
 		}
 	}
 }

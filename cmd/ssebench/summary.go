@@ -95,7 +95,11 @@ func (r *runner) printSummary() {
 		if b.RedisCores > 0 {
 			fmt.Fprintf(w, "redis %.2f, ", b.RedisCores)
 		}
-		fmt.Fprintf(w, "ssebench %.2f, ksoftirqd %.2f, others %.2f\n", b.ClientCores, b.SoftirqCores, b.OtherCores)
+		fmt.Fprintf(w, "ssebench %.2f, ksoftirqd %.2f, others %.2f", b.ClientCores, b.SoftirqCores, b.OtherCores)
+		if b.StealCores >= 0.005 {
+			fmt.Fprintf(w, "; the hypervisor took %.2f (steal)", b.StealCores)
+		}
+		fmt.Fprintln(w)
 	}
 	for _, e := range sortedErrs(res.Errors) {
 		fmt.Fprintf(w, "error:     %s ×%d\n", e, res.Errors[e])
