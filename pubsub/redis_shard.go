@@ -483,7 +483,15 @@ func (s *shard) receive(ps *redis.PubSub) error {
 				if idle >= 3 {
 					return errors.New("pub/sub connection silent for three check intervals")
 				}
-				_ = ps.Ping(s.ctx)
+				if err := ps.Ping(s.ctx); err != nil {
+					// as in ping: a PING that cannot be written is a
+					// broken connection, which go-redis replaces and
+					// subscribes again by itself (PubSub.releaseConn),
+					// unseen here: what was announced meanwhile is lost
+					// to watches not marked behind. Replaced by run, the
+					// connection marks them.
+					s.kill(ps)
+				}
 				s.maybeCheck(true)
 				s.retryRefused(s.ctx, ps)
 				continue
