@@ -37,8 +37,7 @@ func TestEvalScriptsAreCurrent(t *testing.T) {
 // and a backend can publish with EVAL.
 func TestRedisWithoutFunctions(t *testing.T) {
 	srv := redistest.Start(t)
-	srv.MustCLI("ACL", "SETUSER", "nofunc", "on", ">pw", "~*", "&*", "+@all", "-function", "-fcall", "-fcall_ro")
-	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, Username: "nofunc", Password: "pw"})
+	hub, broker := newRedisHub(t, withoutFunctions(RedisOptions{Addrs: []string{srv.Addr()}}, srv))
 	rec := follow(t, srv, hub, broker, "s")
 	first := publishTo(t, hub, "s", "via script")
 	script, err := os.ReadFile("redis_eval_publish.lua")
@@ -67,9 +66,7 @@ func TestRedisWithoutFunctions(t *testing.T) {
 // publish of an instance that has read nothing yet.
 func TestRedisWithoutFunctionsWaitReplicas(t *testing.T) {
 	srv := redistest.Start(t)
-	srv.MustCLI("ACL", "SETUSER", "nofunc", "on", ">pw", "~*", "&*", "+@all", "-function", "-fcall", "-fcall_ro")
-	hub, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, Username: "nofunc", Password: "pw",
-		WaitReplicas: 1, WaitTimeout: 50 * time.Millisecond})
+	hub, _ := newRedisHub(t, withoutFunctions(RedisOptions{Addrs: []string{srv.Addr()}, WaitReplicas: 1, WaitTimeout: 50 * time.Millisecond}, srv))
 	for i := range 3 {
 		if _, err := hub.Publish(context.Background(), "w", Message{Data: []byte("x")}, testLimits); err != nil {
 			t.Fatalf("publish %d: %v", i, err)
@@ -117,11 +114,7 @@ func (redisError) RedisError()     {}
 // broker must have that script (it panicked on a nil script).
 func TestRedisWithoutFunctionsPublishesWhileTheSlotMigrates(t *testing.T) {
 	cluster := redistest.StartCluster(t, 3)
-	for _, n := range cluster.Nodes {
-		n.MustCLI("ACL", "SETUSER", "nofunc", "on", ">pw", "~*", "&*", "+@all", "-function", "-fcall", "-fcall_ro")
-	}
-	hub, _ := newRedisHub(t, RedisOptions{Addrs: cluster.Addrs(), Username: "nofunc", Password: "pw",
-		CheckInterval: 300 * time.Millisecond})
+	hub, _ := newRedisHub(t, withoutFunctions(RedisOptions{Addrs: cluster.Addrs(), CheckInterval: 300 * time.Millisecond}, cluster.Nodes...))
 	slot := 100
 	channel := channelInSlot(t, slot)
 	from := cluster.NodeOfSlot(t, slot)
@@ -227,8 +220,7 @@ func TestDirectPublishWithLimitsRedisCannotTakeWritesNothing(t *testing.T) {
 // delivered (a stream behind it learns of what it missed).
 func TestRedisWithoutFunctionsFirstSyncsReadByDigest(t *testing.T) {
 	srv := redistest.Start(t)
-	srv.MustCLI("ACL", "SETUSER", "nofunc", "on", ">pw", "~*", "&*", "+@all", "-function", "-fcall", "-fcall_ro")
-	opts := RedisOptions{Addrs: []string{srv.Addr()}, Username: "nofunc", Password: "pw", CheckInterval: time.Minute}
+	opts := withoutFunctions(RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: time.Minute}, srv)
 	pub, _ := newRedisHub(t, opts)
 	const channels = 20
 	newest := make([]replay.Position, channels)
@@ -254,4 +246,15 @@ func TestRedisWithoutFunctionsFirstSyncsReadByDigest(t *testing.T) {
 		t.Fatalf("first syncs of %d channels: %d reads with the script's source, %d by its digest; want 0 and at least %d",
 			channels, bySource, byDigest, channels)
 	}
+}
+
+// withoutFunctions is opts as a user that the servers forbid functions
+// (FCALL, FCALL_RO, FUNCTION), created on each: the broker runs the
+// library as scripts.
+func withoutFunctions(opts RedisOptions, servers ...*redistest.Server) RedisOptions {
+	for _, srv := range servers {
+		srv.MustCLI("ACL", "SETUSER", "nofunc", "on", ">pw", "~*", "&*", "+@all", "-function", "-fcall", "-fcall_ro")
+	}
+	opts.Username, opts.Password = "nofunc", "pw"
+	return opts
 }

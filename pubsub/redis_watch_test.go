@@ -731,18 +731,17 @@ func TestRefusedKeysAreAskedAgainInTurn(t *testing.T) {
 // Here the event was published before the subscription: its first sync
 // delivers it once the read succeeds.
 func TestRedisFirstSyncWhoseNewestReadFailedIsMadeAgain(t *testing.T) {
-	t.Run("functions", func(t *testing.T) { firstSyncAfterAFailedRead(t, "") })
-	t.Run("scripts", func(t *testing.T) { firstSyncAfterAFailedRead(t, "nofunc") })
+	t.Run("functions", func(t *testing.T) { firstSyncAfterAFailedRead(t, false) })
+	t.Run("scripts", func(t *testing.T) { firstSyncAfterAFailedRead(t, true) })
 }
 
-// firstSyncAfterAFailedRead runs the test above as user (empty: the
-// default user; nofunc: one that Redis forbids functions).
-func firstSyncAfterAFailedRead(t *testing.T, user string) {
+// firstSyncAfterAFailedRead runs the test above, with scripts where Redis
+// forbids functions.
+func firstSyncAfterAFailedRead(t *testing.T, forbidFunctions bool) {
 	srv := redistest.Start(t)
 	opts := RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: 300 * time.Millisecond}
-	if user != "" {
-		srv.MustCLI("ACL", "SETUSER", user, "on", ">pw", "~*", "&*", "+@all", "-function", "-fcall", "-fcall_ro")
-		opts.Username, opts.Password = user, "pw"
+	if forbidFunctions {
+		opts = withoutFunctions(opts, srv)
 	}
 	pub, _ := newRedisHub(t, opts)
 	sent := publishTo(t, pub, "late", "before the subscription")
