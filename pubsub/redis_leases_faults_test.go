@@ -48,6 +48,7 @@ func (c *lostReplyConn) Read(p []byte) (int, error) {
 }
 
 type loseOneReply struct {
+	passThrough
 	armed atomic.Bool
 	match func([]byte) bool // the call whose reply is lost; the lease script's if nil
 }
@@ -64,12 +65,6 @@ func (h *loseOneReply) DialHook(next redis.DialHook) redis.DialHook {
 		}
 		return &lostReplyConn{Conn: conn, armed: &h.armed, match: match}, nil
 	}
-}
-
-func (h *loseOneReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
-
-func (h *loseOneReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 // An Acquire whose reply is lost after Redis ran it (a dropped connection)

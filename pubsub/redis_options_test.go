@@ -41,6 +41,7 @@ func TestRedisConnectionsDoNotAskForMaintenanceNotifications(t *testing.T) {
 
 // sentBytes records what the connections dialed after it was added write.
 type sentBytes struct {
+	passThrough
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
@@ -59,12 +60,6 @@ func (s *sentBytes) DialHook(next redis.DialHook) redis.DialHook {
 		}
 		return &recordingConn{Conn: conn, to: s}, nil
 	}
-}
-
-func (s *sentBytes) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
-
-func (s *sentBytes) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 type recordingConn struct {

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/caddy-sse/caddy-sse/internal/redistest"
 	"github.com/caddy-sse/caddy-sse/replay"
 )
@@ -35,6 +37,17 @@ func newRedisHub(t *testing.T, opts RedisOptions) (*Hub, *Redis) {
 	})
 	t.Cleanup(func() { _ = hub.Close() })
 	return hub, broker
+}
+
+// passThrough is a go-redis hook that changes nothing: a test's hook
+// embeds it and writes only the step it acts on.
+type passThrough struct{}
+
+func (passThrough) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (passThrough) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (passThrough) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
 
 // redisRecorder is a subscriber that keeps what it receives, per slot.

@@ -513,17 +513,17 @@ func TestRedisAnnouncementsAreDeliveredWhileACheckWaits(t *testing.T) {
 	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: 200 * time.Millisecond})
 	rec := follow(t, srv, hub, broker, "busy")
 
-	hold := pipelineHold{newGate(t)}
+	hold := pipelineHold{gate: newGate(t)}
 	broker.Client().AddHook(hold)
 	hold.waitHeld(t, "a check's read of heads")
 	deliveredWhileHeld(t, hold.gate, pub, rec, "busy", "while checking")
 }
 
 // pipelineHold is a go-redis hook that holds every pipeline at its gate.
-type pipelineHold struct{ *gate }
-
-func (h pipelineHold) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (h pipelineHold) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+type pipelineHold struct {
+	passThrough
+	*gate
+}
 
 func (h pipelineHold) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
@@ -763,10 +763,10 @@ func firstSyncAfterAFailedRead(t *testing.T, forbidFunctions bool) {
 // newestReadFailure is a go-redis hook that fails the first pipeline made
 // only of the library's reads (a check's read of newest events; a read of
 // heads holds HMGETs), as a Redis error would.
-type newestReadFailure struct{ failed atomic.Bool }
-
-func (f *newestReadFailure) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (f *newestReadFailure) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+type newestReadFailure struct {
+	passThrough
+	failed atomic.Bool
+}
 
 func (f *newestReadFailure) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
