@@ -186,9 +186,9 @@ type headOf struct {
 	newest *replay.Event
 	// before is where the watch was when the head was read
 	before watchMark
-	// unread: Redis failed the read of newest (syncHead waits for the
-	// next check)
-	unread bool
+	// unread is why Redis failed the read of newest (syncHead waits for
+	// the next check); nil if it did not
+	unread error
 }
 
 // readNewest reads, in one pipeline, the newest event of every channel in
@@ -220,7 +220,7 @@ func (s *shard) readNewest(ctx context.Context, c redis.UniversalClient, heads [
 		reply, err := cmd.Result()
 		if err != nil {
 			s.w.b.log().Debug("reading a channel's newest event for its first sync failed; the next check syncs it", zap.String("key", keys[j]), zap.Error(err))
-			h.unread = true
+			h.unread = err
 			continue
 		}
 		page, bad, err := parsePage(reply)

@@ -57,6 +57,9 @@ type watch struct {
 	// losses counts the subscriptions lost (lostSubscription): a check
 	// whose heads were read before a loss must not clear behind.
 	losses uint64
+	// unreadSyncs counts the first syncs given up because the read of the
+	// newest event failed (syncHead).
+	unreadSyncs int
 
 	// denied: Redis refuses the subscriptions of its shard (an ACL): no
 	// live event comes (redis_denied.go).
@@ -601,7 +604,11 @@ func (w *watcher) repairLocked(wt *watch) bool {
 // sync whose read of the newest event failed is left to the next check:
 // started at the head without it, the watch left such a stream silent until
 // a next event, which may never come. Its streams meanwhile wait for syncWait
-// and read the head themselves, and an announcement starts it as well.
+// and read the head themselves, and an announcement starts it as well. After
+// maxUnreadSyncs such checks the read is taken to fail for good (a key of the
+// wrong type, an ACL that refuses the read's script) and the watch starts at
+// the head without it, logged: else every new stream of the channel would
+// wait syncWait for as long as the instance runs.
 //
 // h.newest is that event, read in the same check as the head (nil if there
 // is none, or if it was not read). h.before is where the watch was when the
@@ -612,7 +619,7 @@ func (w *watcher) repairLocked(wt *watch) bool {
 func (w *watcher) syncHead(h headOf) {
 	wt, head, before := h.wt, h.head, h.before
 	wt.mu.Lock()
-	if !wt.known && h.unread {
+	if !wt.known && h.unread != nil && !w.givesUpNewest(wt, h.unread) {
 		wt.mu.Unlock()
 		return
 	}
@@ -635,6 +642,24 @@ func (w *watcher) syncHead(h headOf) {
 	}
 	// caught up with the head this check read, unless the repair failed
 	wt.behind = head != wt.last && !wt.last.Holds(head)
+}
+
+// maxUnreadSyncs is how many first syncs of a watch may fail to read the
+// channel's newest event before the watch starts without it (syncHead).
+const maxUnreadSyncs = 3
+
+// givesUpNewest counts a first sync whose read of the newest event failed
+// with err, and reports whether the watch is to start without that event
+// now. wt.mu is held.
+func (w *watcher) givesUpNewest(wt *watch, err error) bool {
+	wt.unreadSyncs++
+	if wt.unreadSyncs < maxUnreadSyncs {
+		return false
+	}
+	w.b.log().Warn("the newest event of a channel could not be read at its first syncs; its watch starts without it "+
+		"(a stream that joined the channel before this instance's subscription may wait for the next event)",
+		zap.String("channel", wt.channel), zap.Int("attempts", wt.unreadSyncs), zap.Error(err))
+	return true
 }
 
 // beyondHead is the position to read after for a channel's newest event: a

@@ -12,6 +12,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-sse/caddy-sse/internal/redistest"
 	"github.com/caddy-sse/caddy-sse/replay"
@@ -752,7 +755,7 @@ func firstSyncAfterAFailedRead(t *testing.T, forbidFunctions bool) {
 	rec := newRedisRecorder()
 	t.Cleanup(hub.Subscribe(rec, []string{"late"}).Close)
 	got := rec.waitFor(t, 0, 1)
-	if !failure.failed.Load() {
+	if failure.failed.Load() == 0 {
 		t.Fatal("no read of a newest event failed: the test proves nothing")
 	}
 	if got[0].Pos != sent || dataOf(got[0]) != "before the subscription" {
@@ -760,12 +763,42 @@ func firstSyncAfterAFailedRead(t *testing.T, forbidFunctions bool) {
 	}
 }
 
+// A channel whose newest event cannot be read at all (a key of the wrong
+// type, an ACL refusing the read) is not left unsynced for good, each new
+// stream of it waiting syncWait: after a few checks its watch starts at the
+// head without that event, and says so.
+func TestRedisFirstSyncWhoseNewestReadFailsForGoodStartsWithoutIt(t *testing.T) {
+	srv := redistest.Start(t)
+	core, logs := observer.New(zapcore.WarnLevel)
+	opts := RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: 200 * time.Millisecond}
+	pub, _ := newRedisHub(t, opts)
+	sent := publishTo(t, pub, "stuck", "unreadable")
+	opts.Logger = zap.New(core)
+	hub, broker := newRedisHub(t, opts)
+	failure := &newestReadFailure{always: true}
+	broker.Client().AddHook(failure)
+
+	t.Cleanup(hub.Subscribe(newRedisRecorder(), []string{"stuck"}).Close)
+	waitSynced(t, broker, "stuck")
+	if n := failure.failed.Load(); n < maxUnreadSyncs {
+		t.Fatalf("synced after %d failed reads of the newest event, want %d", n, maxUnreadSyncs)
+	}
+	if at, ok := broker.watch.startAt(context.Background(), broker.Key("stuck")); !ok || at != sent {
+		t.Fatalf("a new stream starts at %+v (%v), want the head %+v", at, ok, sent)
+	}
+	if logs.FilterMessageSnippet("could not be read").FilterField(zap.String("channel", "stuck")).Len() != 1 {
+		t.Fatalf("want one warning naming the channel, got %v", logs.All())
+	}
+}
+
 // newestReadFailure is a go-redis hook that fails the first pipeline made
 // only of the library's reads (a check's read of newest events; a read of
-// heads holds HMGETs), as a Redis error would.
+// heads holds HMGETs), as a Redis error would; every such pipeline if
+// always is set.
 type newestReadFailure struct {
 	passThrough
-	failed atomic.Bool
+	always bool
+	failed atomic.Int32
 }
 
 func (f *newestReadFailure) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
@@ -775,9 +808,10 @@ func (f *newestReadFailure) ProcessPipelineHook(next redis.ProcessPipelineHook) 
 				return next(ctx, cmds)
 			}
 		}
-		if !f.failed.CompareAndSwap(false, true) {
+		if !f.always && f.failed.Load() > 0 {
 			return next(ctx, cmds)
 		}
+		f.failed.Add(1)
 		err := errors.New("ERR the test fails this read")
 		for _, cmd := range cmds {
 			cmd.SetErr(err)
