@@ -116,10 +116,11 @@ func (h *Handler) adoptTLS(s *stream, conn net.Conn) net.Conn {
 // (which wrote its last words if it was told to close): the end of the
 // chunked body, and the connection.
 func (s *stream) endConn(conn net.Conn, cw *connWriter, err error) {
-	if err == nil || endsItsBody(err) {
-		if endErr := cw.end(); err == nil {
-			err = endErr
-		}
+	switch {
+	case err == nil:
+		err = cw.end()
+	case endsItsBody(err):
+		_ = cw.endBody()
 	}
 	s.releaseAdmission() // before the client sees the end: it may come back at once
 	_ = conn.Close()
@@ -207,8 +208,16 @@ func (cw *connWriter) WriteLast(p []byte) error {
 // MayBlock is true: its writes wait for the client, within the timeout.
 func (cw *connWriter) MayBlock() bool { return true }
 
-// end writes what is buffered and the last chunk of the body.
+// end writes what is buffered and the last chunk of the body, within
+// lastWordsTimeout: the last words of a stream told to close.
 func (cw *connWriter) end() error { return cw.sendAll(lastChunk, lastWordsTimeout) }
+
+// endBody writes what is buffered and the last chunk of the body of a
+// stream that ends because of its history (endsItsBody): its client, behind
+// by definition, has the slow-client timeout to take them, as any write
+// (net/http's end of a body waits too); a close hurries it to
+// lastWordsTimeout (the sink's hurry).
+func (cw *connWriter) endBody() error { return cw.sendAll(lastChunk, cw.timeout) }
 
 // lastChunk ends a chunked body.
 var lastChunk = []byte("0\r\n\r\n")

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/caddy-sse/caddy-sse/pubsub"
 	"github.com/caddy-sse/caddy-sse/replay"
 )
 
@@ -390,5 +391,36 @@ func TestLoopStoppingDoesNotSayTheLastWordsOfAStreamGivenBackTwice(t *testing.T)
 	}
 	if !s.tk.Load().ended.Load() {
 		t.Fatal("the stream was not ended")
+	}
+}
+
+// A gap found on the stream's goroutine — the loop hands an event that does
+// not follow the stream's position to it (errNeedsHistory), and the history
+// no longer covers the gap — ends the body as the loop does
+// (TestLoopStreamEndedByItsHistoryEndsItsBody): what it wrote, then the last
+// chunk, and the client has slow_client_timeout to take them, not a close's
+// one second of last words.
+func TestLoopStreamEndedByAGapOnItsGoroutineEndsItsBody(t *testing.T) {
+	l, h := testLoop(t, false), loopTestHandler()
+	h.hub = pubsub.NewMemoryHub() // holds nothing of the channel: the gap is not covered
+	h.ReplayLimit = 100
+	h.SlowClientTimeout = caddy.Duration(10 * time.Second)
+	fd, peer := socketPair(t)
+	fillSocket(fd)
+	s := newStream(h, []string{"a"})
+	s.cursor[0].Pos = replay.Position{Epoch: 1, Seq: 1, Time: 100}
+	l.adopt(s, &tconn{loop: l, fd: int32(fd)})
+	s.Deliver(0, event(2, 200, "WRITTEN-BEFORE"))
+	s.Deliver(0, event(5, 300, "after-a-gap"))
+	l.serviceReady()                 // writes seq 2, lends the stream for the gap
+	time.Sleep(2 * lastWordsTimeout) // the client reads again only now
+	got := readUntil(t, peer, "\r\n0\r\n\r\n")
+	if !strings.Contains(got, "data: WRITTEN-BEFORE\n") || strings.Contains(got, "after-a-gap") {
+		t.Fatalf("body ends %.300q", got[max(0, len(got)-300):])
+	}
+	waitReturned(t, l)
+	l.takeReturned()
+	if !s.tk.Load().ended.Load() {
+		t.Fatal("the stream did not end")
 	}
 }

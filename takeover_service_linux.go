@@ -269,7 +269,7 @@ func (l *pollLoop) slow(s *stream, batch []queued, overflowed bool) {
 			return
 		}
 		if endsItsBody(err) {
-			_ = tk.bw.end() // what it wrote, then the end of the body
+			_ = tk.bw.endBody() // what it wrote, then the end of the body
 		}
 		l.giveBack(slowResult{s: s, err: err})
 	}()
