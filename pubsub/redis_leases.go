@@ -50,7 +50,13 @@ type redisLease struct {
 	ttl       time.Duration
 	principal string
 	at        int // its index in heldBy[key], while held; under of.mu
-	once      sync.Once
+	// listed counts the Acquires under way that sent it to be put back if
+	// Redis lost it (leasesOf); under of.mu. Released meanwhile, it may be
+	// put back after its removal: it is not taken for removed until they
+	// are done and it was removed once more (releaseAgain).
+	listed int
+	queued bool // in of.released, to be removed by the next flush; under of.mu
+	once   sync.Once
 	// then is called once its release has been flushed (ReleaseThen), and
 	// flushed is set then; both under of.mu
 	then    func()
@@ -96,6 +102,10 @@ redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) * 2, 'NX')
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) * 2, 'GT')
 return 1`)
 
+// maxAcquireTries bounds how often an Acquire refused while leases it put
+// back were released is made again.
+const maxAcquireTries = 3
+
 // leaseSample is how many of the newest leases of a key held here an
 // Acquire puts back if Redis lost them.
 const leaseSample = 16
@@ -103,7 +113,11 @@ const leaseSample = 16
 // leaseSet holds leases by key.
 type leaseSet map[string][]*redisLease
 
-func (ls leaseSet) add(l *redisLease) { ls[l.key] = append(ls[l.key], l) }
+// add adds l to the set (r.released, under r.mu).
+func (ls leaseSet) add(l *redisLease) {
+	ls[l.key] = append(ls[l.key], l)
+	l.queued = true
+}
 
 // NewRedisLeases returns leases in b's Redis.
 func NewRedisLeases(b *Redis) *RedisLeases {
@@ -137,9 +151,24 @@ func (r *RedisLeases) Acquire(ctx context.Context, principal string, limit int, 
 	if err != nil {
 		return nil, err
 	}
-	ok, err := r.runAcquire(ctx, l, limit, false)
-	if err == nil && ok < 0 { // Redis lost some of the leases held here
-		ok, err = r.runAcquire(ctx, l, limit, true)
+	var ok int
+	all := false
+	for tries := 0; ; tries++ {
+		var putBackReleased bool
+		ok, putBackReleased, err = r.runAcquire(ctx, l, limit, all)
+		switch {
+		case err != nil:
+		case ok < 0 && !all: // Redis lost some of the leases held here
+			all = true
+			continue
+		case ok == 0 && putBackReleased && tries < maxAcquireTries:
+			// a lease it sent to be put back was released meanwhile, maybe
+			// removed before the call ran: it was put back and counted. Once
+			// more: it is among the released ones now, which a call removes
+			all = false
+			continue
+		}
+		break
 	}
 	if err != nil {
 		return nil, r.b.classify(err)
@@ -167,8 +196,9 @@ func (r *RedisLeases) Acquire(ctx context.Context, principal string, limit int, 
 }
 
 // runAcquire runs acquireLease for l: with the newest leases of its key
-// held here, or, all, with all of them.
-func (r *RedisLeases) runAcquire(ctx context.Context, l *redisLease, limit int, all bool) (int, error) {
+// held here, or, all, with all of them. It reports whether some of those
+// it put back were released meanwhile (see releaseAgain).
+func (r *RedisLeases) runAcquire(ctx context.Context, l *redisLease, limit int, all bool) (int, bool, error) {
 	n, listed, released := r.leasesOf(l.key, all)
 	flag := 0
 	if all {
@@ -181,8 +211,8 @@ func (r *RedisLeases) runAcquire(ctx context.Context, l *redisLease, limit int, 
 	}
 	args = append(args, released...)
 	ok, err := acquireLease.Run(ctx, r.b.client, []string{l.key}, args...).Int()
-	r.releaseAgain(listed)
-	return ok, err
+	again := r.releaseAgain(listed)
+	return ok, again, err
 }
 
 // leasesOf returns, at one moment, how many leases of key are held here,
@@ -201,6 +231,9 @@ func (r *RedisLeases) leasesOf(key string, all bool) (n int, listed []*redisLeas
 		held = held[len(held)-leaseSample:]
 	}
 	listed = slices.Clone(held)
+	for _, h := range listed {
+		h.listed++
+	}
 	// the newest released only, as of the held: a stream that reconnects
 	// at once follows the newest release, and the others are removed by
 	// maintain anyway (all of them made each Acquire O(releases pending),
@@ -216,11 +249,12 @@ func (r *RedisLeases) leasesOf(key string, all bool) (n int, listed []*redisLeas
 
 // releaseAgain has maintain remove, once more, those of the leases an
 // Acquire put back that were released meanwhile: their removal may have
-// run before the Acquire did.
-func (r *RedisLeases) releaseAgain(putBack []*redisLease) {
+// run before the Acquire did. It reports whether there were any.
+func (r *RedisLeases) releaseAgain(putBack []*redisLease) bool {
 	r.mu.Lock()
 	again := false
 	for _, l := range putBack {
+		l.listed--
 		if _, still := r.held[l]; !still {
 			r.released.add(l)
 			again = true
@@ -230,6 +264,7 @@ func (r *RedisLeases) releaseAgain(putBack []*redisLease) {
 	if again {
 		r.poke()
 	}
+	return again
 }
 
 // Release gives the lease back (in the background).
@@ -237,6 +272,11 @@ func (l *redisLease) Release() {
 	l.once.Do(func() {
 		r := l.of
 		r.mu.Lock()
+		_, held := r.held[l]
+		if !held { // Close released it already
+			r.mu.Unlock()
+			return
+		}
 		delete(r.held, l)
 		r.forgetHeld(l)
 		r.released.add(l)
@@ -397,6 +437,11 @@ func (r *RedisLeases) takeReleased() leaseSet {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.removing, r.released = r.released, leaseSet{}
+	for _, ls := range r.removing {
+		for _, l := range ls {
+			l.queued = false
+		}
+	}
 	if len(r.removing) > 0 {
 		r.removingSince = time.Now()
 	}
@@ -410,6 +455,11 @@ func (r *RedisLeases) removed() {
 	r.mu.Lock()
 	for _, ls := range r.removing {
 		for _, l := range ls {
+			if l.listed > 0 || l.queued {
+				// an Acquire under way may put it back, or has put it back
+				// since this removal: releaseAgain has it removed again
+				continue
+			}
 			l.flushed = true
 			if l.then != nil {
 				thens = append(thens, l.then)

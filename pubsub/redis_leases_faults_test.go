@@ -128,3 +128,89 @@ func TestRedisLeaseLostByARestartStillCounts(t *testing.T) {
 		t.Fatalf("a second lease for a cap of 1 right after Redis lost the first: %v, want ErrLimitReached; after the next renewal the principal holds %d leases", err, counts["p"])
 	}
 }
+
+// beforeLeaseCall runs before, once armed, before the next call of the
+// lease script reaches Redis (after its Acquire listed the leases held),
+// and after, once it is answered.
+type beforeLeaseCall struct {
+	passThrough
+	armed         atomic.Bool
+	before, after func()
+}
+
+func (h *beforeLeaseCall) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		name := cmd.Name()
+		if (name != "evalsha" && name != "eval") || !h.armed.CompareAndSwap(true, false) {
+			return next(ctx, cmd)
+		}
+		h.before()
+		err := next(ctx, cmd)
+		h.after()
+		return err
+	}
+}
+
+// A lease released, and removed from Redis, while an Acquire of its
+// principal on the same instance is on its way (it listed the lease among
+// those held, to put them back if Redis lost them) is not counted against
+// that Acquire: a stream of a principal at its cap ends (a reload tells
+// every stream to reconnect, a client closes a tab) while another of its
+// streams starts, and the new one was refused with 429 — which makes a
+// browser's EventSource give up for good — though the principal held fewer
+// streams than its cap. Nor does ReleaseThen call back before the removal
+// that follows that Acquire's put-back: the stream would tell its client
+// to reconnect while Redis counts its lease again.
+func TestRedisLeaseReleasedDuringAnAcquireIsNotPutBack(t *testing.T) {
+	srv := redistest.Start(t)
+	b := newTestRedis(t, srv)
+	hook := &beforeLeaseCall{}
+	b.client.AddHook(hook)
+	r := NewRedisLeases(b)
+	defer r.Close()
+	ctx := context.Background()
+	acquireN(t, r, "p", 1, 2) // held throughout
+	old := acquireN(t, r, "p", 1, 2)[0].(*redisLease)
+	gone := make(chan string, 1)
+	flushed := func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return old.flushed
+	}
+	hook.before = func() {
+		old.ReleaseThen(func() { gone <- srv.MustCLI("ZSCORE", "sse:lease:{p}", old.member) })
+		// its removal has run (the one that takes it from Redis first)
+		for deadline := time.Now().Add(redisWait); ; time.Sleep(time.Millisecond) {
+			r.mu.Lock()
+			done := r.removing == nil && len(r.released) == 0
+			r.mu.Unlock()
+			if done && srv.MustCLI("ZSCORE", "sse:lease:{p}", old.member) == "" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the release was never removed from Redis")
+			}
+		}
+	}
+	calledBackEarly := false
+	hook.after = func() { calledBackEarly = flushed() }
+	hook.armed.Store(true)
+	_, err := r.Acquire(ctx, "p", 2, 15*time.Second)
+	if hook.armed.Load() {
+		t.Fatal("the hook never ran")
+	}
+	if err != nil {
+		t.Errorf("a second lease for a cap of 2 while one other is held: %v", err)
+	}
+	if calledBackEarly {
+		t.Error("the released lease counted as removed while an Acquire that may put it back was on its way")
+	}
+	select {
+	case score := <-gone:
+		if score != "" {
+			t.Errorf("called back while Redis still holds the lease (score %q)", score)
+		}
+	case <-time.After(redisWait):
+		t.Error("never called back")
+	}
+}
