@@ -352,12 +352,26 @@ func (r *RedisLeases) maintain() {
 			return
 		}
 		if time.Since(renewed) >= r.period() {
-			r.renew()
+			// the period counts from when a renewal began: one that took
+			// long (a primary hangs) does not put the next one off
 			renewed = time.Now()
+			r.renew()
 		}
 		r.flushReleases() // after renew: it may have put back a lease released meanwhile
 		timer.Reset(time.Until(renewed.Add(r.period())))
 	}
+}
+
+// callTimeout bounds a renewal, and a removal of released leases: about a
+// period (go-redis ends a call at the first retry past it, after one
+// read_timeout), so that a primary of a cluster that hangs holds maintain
+// up briefly, and the leases of those that answer (renewed by the same
+// pipeline) are renewed again within their ttl. A renewal waited for the
+// hung primary through go-redis' retries, up to 10 s, and the next one
+// came a period after that: the other primaries' leases lapsed, and their
+// principals were let past their caps while Redis answered for them.
+func (r *RedisLeases) callTimeout() time.Duration {
+	return max(r.period(), 100*time.Millisecond)
 }
 
 // period is how often the leases are renewed.
@@ -388,7 +402,7 @@ func (r *RedisLeases) renew() {
 	if len(leases) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), r.callTimeout())
 	defer cancel()
 	now := time.Now().UnixMilli()
 	pipe := r.b.client.Pipeline()
@@ -415,7 +429,7 @@ func (r *RedisLeases) flushReleases() {
 	if len(released) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), r.callTimeout())
 	defer cancel()
 	pipe := r.b.client.Pipeline()
 	for key, ls := range released {

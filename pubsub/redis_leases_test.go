@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/caddy-sse/caddy-sse/internal/redistest"
+	"github.com/caddy-sse/caddy-sse/replay"
 )
 
 // A principal's leases live in one sorted set, whose expiry no Acquire or
@@ -350,5 +351,58 @@ func TestRedisLeaseReleaseThenCallsBackOnceRedisHasItNoMore(t *testing.T) {
 	calledBack(ls[3], "a lease released after the leases were closed")
 	if n := srv.MustCLI("ZCARD", "sse:lease:{p}"); n != "0" {
 		t.Fatalf("Redis holds %s leases after Close, want 0", n)
+	}
+}
+
+// A primary of a Redis Cluster that stops answering (hung, partitioned;
+// the cluster does not fail it over yet) holds up the renewals of the
+// leases it holds, not those of the leases on the other primaries: the
+// one pipeline that renews them all waited for the hung one (go-redis'
+// retries, up to the renewal's 10 s), and the next renewal came a period
+// after it gave up, so the leases on the primaries that answer lapsed and
+// another instance let their principals past their caps (with the
+// defaults, lease_ttl 15 s and read_timeout 3 s, as here scaled down).
+func TestRedisLeasesOnHealthyPrimariesOutliveAHungOne(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	healthy, hung := channelInSlot(t, 100), channelInSlot(t, 16000) // lease keys are named like channels' keys
+	hungNode := cluster.NodeOfSlot(t, 16000)
+	if cluster.NodeOfSlot(t, 100) == hungNode {
+		t.Fatal("slots 100 and 16000 on one primary")
+	}
+	newLeases := func() *RedisLeases {
+		b, err := NewRedis(RedisOptions{Addrs: cluster.Addrs(), ReadTimeout: 500 * time.Millisecond}, func(string, *replay.Event) {})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = b.Close() })
+		r := NewRedisLeases(b)
+		t.Cleanup(r.Close)
+		return r
+	}
+	r, other := newLeases(), newLeases()
+	ctx := context.Background()
+	const ttl = 3 * time.Second // renewed every second
+	for _, p := range []string{healthy, hung} {
+		if _, err := r.Acquire(ctx, p, 1, ttl); err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+	}
+	if n, err := other.Held(ctx, healthy); err != nil || n != 1 { // and other has read the slots
+		t.Fatalf("the other instance counts %d leases (%v), want 1", n, err)
+	}
+	const pause = 3 * ttl
+	hungNode.MustCLI("CLIENT", "PAUSE", strconv.Itoa(int(pause.Milliseconds())), "ALL")
+	paused := time.Now()
+	for time.Since(paused) < pause-time.Second {
+		l, err := other.Acquire(ctx, healthy, 1, ttl)
+		if err == nil {
+			l.Release()
+			t.Fatalf("%v after another primary stopped answering, another instance took a second lease for a cap of 1 on a primary that answers",
+				time.Since(paused).Round(time.Millisecond))
+		}
+		if !errors.Is(err, ErrLimitReached) && !errors.Is(err, ErrUnavailable) { // go-redis may ask the hung one for the slots
+			t.Fatalf("after %v: %v", time.Since(paused).Round(time.Millisecond), err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
