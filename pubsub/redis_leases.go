@@ -171,6 +171,16 @@ func (r *RedisLeases) Acquire(ctx context.Context, principal string, limit int, 
 		break
 	}
 	if err != nil {
+		// Redis may have run the call whose reply never came (a timeout, a
+		// dropped connection, the client gone): its lease, which no stream
+		// holds, would count against the principal for its ttl
+		r.mu.Lock()
+		if !r.closed {
+			r.released.add(l)
+			r.maintainLocked(ttl)
+		}
+		r.mu.Unlock()
+		r.poke()
 		return nil, r.b.classify(err)
 	}
 	if ok <= 0 {
@@ -184,6 +194,13 @@ func (r *RedisLeases) Acquire(ctx context.Context, principal string, limit int, 
 	r.held[l] = struct{}{}
 	l.at = len(r.heldBy[l.key])
 	r.heldBy[l.key] = append(r.heldBy[l.key], l)
+	r.maintainLocked(ttl)
+	return l, nil
+}
+
+// maintainLocked has maintain run, at the pace of leases of ttl; r.mu is
+// held.
+func (r *RedisLeases) maintainLocked(ttl time.Duration) {
 	if r.ttl == 0 || ttl < r.ttl {
 		r.ttl = ttl
 		r.poke() // its renewal may be due sooner than the loop waits
@@ -192,7 +209,6 @@ func (r *RedisLeases) Acquire(ctx context.Context, principal string, limit int, 
 		r.running = true
 		go r.maintain()
 	}
-	return l, nil
 }
 
 // runAcquire runs acquireLease for l: with the newest leases of its key

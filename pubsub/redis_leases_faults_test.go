@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -212,5 +213,64 @@ func TestRedisLeaseReleasedDuringAnAcquireIsNotPutBack(t *testing.T) {
 		}
 	case <-time.After(redisWait):
 		t.Error("never called back")
+	}
+}
+
+// lateReply, once armed, lets the next call of the lease script run in
+// Redis and then fails it as a call whose reply came too late does (the
+// admission's deadline, or the client gone).
+type lateReply struct {
+	passThrough
+	armed atomic.Bool
+}
+
+func (h *lateReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		name := cmd.Name()
+		if (name != "evalsha" && name != "eval") || !h.armed.Load() {
+			return next(ctx, cmd)
+		}
+		if err := next(ctx, cmd); err != nil || !h.armed.CompareAndSwap(true, false) {
+			return err // NOSCRIPT: go-redis sends it again with EVAL
+		}
+		cmd.SetErr(context.DeadlineExceeded)
+		return context.DeadlineExceeded
+	}
+}
+
+// An Acquire that fails after Redis ran it (its reply came after the
+// admission's deadline, or its client left) took a lease that no stream
+// holds, never renewed nor released: the principal was one stream short
+// of its cap on every instance for lease_ttl (15 s by default) — and the
+// stream itself was admitted without a lease (caps fail open). The lease
+// is removed as a released one is.
+func TestRedisLeaseOfAFailedAcquireIsRemoved(t *testing.T) {
+	srv := redistest.Start(t)
+	b := newTestRedis(t, srv)
+	hook := &lateReply{}
+	b.client.AddHook(hook)
+	r := NewRedisLeases(b)
+	defer r.Close()
+	ctx := context.Background()
+	const ttl = 15 * time.Second
+	for _, held := range []int{0, 1} { // the first Acquire of the instance, and one while it holds a lease
+		t.Run(strconv.Itoa(held)+" held", func(t *testing.T) {
+			principal := "p" + strconv.Itoa(held)
+			acquireN(t, r, principal, held, 0)
+			hook.armed.Store(true)
+			if _, err := r.Acquire(ctx, principal, held+1, ttl); err == nil {
+				t.Fatal("the Acquire whose reply came late succeeded")
+			}
+			if hook.armed.Load() {
+				t.Fatal("the hook never ran")
+			}
+			key := "sse:lease:{" + principal + "}"
+			for deadline := time.Now().Add(ttl / 3); srv.MustCLI("ZCARD", key) != strconv.Itoa(held); time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("Redis holds %s leases of the principal, want %d (the one no stream holds lapses in %s ms)",
+						srv.MustCLI("ZCARD", key), held, srv.MustCLI("PTTL", key))
+				}
+			}
+		})
 	}
 }
