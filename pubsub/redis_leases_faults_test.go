@@ -267,7 +267,7 @@ func TestRedisLeaseOfAFailedAcquireIsRemoved(t *testing.T) {
 			key := "sse:lease:{" + principal + "}"
 			for deadline := time.Now().Add(ttl / 3); srv.MustCLI("ZCARD", key) != strconv.Itoa(held); time.Sleep(10 * time.Millisecond) {
 				if time.Now().After(deadline) {
-					t.Fatalf("Redis holds %s leases of the principal, want %d (the one no stream holds lapses in %s ms)",
+					t.Fatalf("Redis holds %s leases of the principal, want %d (the one no stream holds counts until it lapses; the key expires in %s ms)",
 						srv.MustCLI("ZCARD", key), held, srv.MustCLI("PTTL", key))
 				}
 			}
