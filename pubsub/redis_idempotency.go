@@ -72,9 +72,18 @@ func (r *RedisIdempotency) Do(ctx context.Context, key, fingerprint string, publ
 	pending := "p:" + fingerprint + ":" + strconv.FormatUint(rand.Uint64(), 36)
 	for {
 		var claimed bool
+		sent := false
 		err := ErrUnavailable // known not to answer: do not wait for it (redis_probe.go)
 		if r.b.reachable(ctx, rkey) {
+			sent = true
 			claimed, err = r.b.client.SetNX(ctx, rkey, pending, r.pendingTTL).Result()
+		}
+		if err != nil && sent && !isAnswer(err) {
+			// the claim was sent and got no answer: Redis may have run it,
+			// or run it yet (a copy in a socket it has not read, go-redis'
+			// retries), and nobody would own it: every retry with the key
+			// would wait for it to lapse. Give it up once Redis answers.
+			r.disown(rkey, pending)
 		}
 		if err != nil {
 			if isUnavailable(err) {
@@ -105,7 +114,11 @@ func (r *RedisIdempotency) publishClaimed(ctx context.Context, key, rkey, pendin
 	settled := false
 	defer func() {
 		if !settled { // failed or panicked: let a retry publish
-			_ = releaseIfPending.Run(context.WithoutCancel(ctx), r.b.client, []string{rkey}, pending).Err()
+			if err := releaseIfPending.Run(context.WithoutCancel(ctx), r.b.client, []string{rkey}, pending).Err(); err != nil {
+				// Redis went away with the publish: a claim left in place
+				// would hold every retry until it lapsed
+				r.disown(rkey, pending)
+			}
 		}
 	}()
 	reply, err = r.publishKeepingClaim(ctx, rkey, pending, publish)
@@ -123,6 +136,39 @@ func (r *RedisIdempotency) publishClaimed(ctx context.Context, key, rkey, pendin
 	_, _, _ = r.local.Do(context.WithoutCancel(ctx), key, fingerprint, func() ([]byte, error) { return reply, nil })
 	settled = true
 	return reply, false, nil
+}
+
+// isAnswer reports whether err is Redis' answer to a command (which then
+// ran or was refused), not a failure to hear one.
+func isAnswer(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr)
+}
+
+// disown removes this request's claim of rkey (pending), in the
+// background, if it is in Redis or shows up there: a claim whose SET got no
+// answer, or whose publish failed while Redis was away, has nobody to
+// renew, settle or release it, and would hold every retry with the key
+// until it lapsed (pendingTTL). It tries until Redis answers and then for
+// a pendingTTL more, as copies of the SET that Redis has not read yet may
+// still run; it stops when the broker closes.
+func (r *RedisIdempotency) disown(rkey, pending string) {
+	go func() {
+		wait := idemPoll
+		var until time.Time
+		for until.IsZero() || time.Now().Before(until) {
+			select {
+			case <-time.After(wait):
+			case <-r.b.quit:
+				return
+			}
+			wait = min(2*wait, time.Second)
+			err := releaseIfPending.Run(context.Background(), r.b.client, []string{rkey}, pending).Err()
+			if until.IsZero() && (err == nil || isAnswer(err)) {
+				until = time.Now().Add(r.pendingTTL)
+			}
+		}
+	}()
 }
 
 // publishKeepingClaim runs publish while renewing the claim, and stops the
