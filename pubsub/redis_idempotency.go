@@ -127,6 +127,12 @@ func (r *RedisIdempotency) publishClaimed(ctx context.Context, key, rkey, pendin
 	}
 	err = settleIfPending.Run(context.WithoutCancel(ctx), r.b.client, []string{rkey}, pending,
 		"d:"+fingerprint+":"+string(reply), IdempotencyTTL.Milliseconds()).Err()
+	if err != nil && !isAnswer(err) {
+		// the claim, no longer renewed, would hold retries on other
+		// instances until it lapsed: they publish with the same token, and
+		// get this publish's ids
+		r.disown(rkey, pending)
+	}
 	if err != nil {
 		r.b.log().Warn("could not keep an idempotency reply", zap.Error(err))
 	}
