@@ -51,12 +51,11 @@ func TestAKeyedRetryAfterAFrozenRedisIsNotHeldByAnOrphanedClaim(t *testing.T) {
 			break
 		}
 		if status != http.StatusServiceUnavailable || time.Now().After(deadline) {
+			// waitFor is a third of the claim's 30 s: a retry held by
+			// the orphaned claim until it lapses ends here
 			t.Fatalf("retry under the key %v after Redis resumed: %d %s", time.Since(start), status, reply)
 		}
 		time.Sleep(50 * time.Millisecond)
-	}
-	if took := time.Since(start); took > 5*time.Second {
-		t.Fatalf("the retry took %v: it waited for the first attempt's orphaned claim to lapse", took)
 	}
 	if ev := c.next(); ev.Data != "once" || ev.ID != ids.IDs["a"] {
 		t.Fatalf("stream got %+v, the retry answered %s", ev, ids.IDs["a"])
