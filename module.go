@@ -184,8 +184,9 @@ type Handler struct {
 	// Throttle is how long a client disconnected for being slow is refused
 	// with 429 throttled: its principal from its remote address (so that
 	// another device of the same user is not punished), or the remote
-	// address alone without a principal. Default: 60s. A negative value
-	// turns throttling off.
+	// address alone without a principal. Default: 60s; at most 24h with
+	// Redis (its announcement to the other instances is kept that long). A
+	// negative value turns throttling off.
 	Throttle caddy.Duration `json:"throttle,omitempty"`
 
 	// Redis connects the handler to Redis: events reach the subscribers of
@@ -473,6 +474,10 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("fallback %q: the only fallback is %q", h.Fallback, fallbackLocal)
 	case h.Fallback == fallbackLocal && h.Redis == nil:
 		return errors.New("fallback local needs redis: the embedded hub has nothing to fall back from")
+	}
+	if h.Redis != nil && time.Duration(h.Throttle) > pubsub.MaxRedisThrottle {
+		// its announcement to the other instances is kept no longer
+		return fmt.Errorf("throttle: at most %v with redis, got %v", pubsub.MaxRedisThrottle, time.Duration(h.Throttle))
 	}
 	if h.Namespace != "" {
 		if err := validateNamespace(h.Namespace); err != nil {

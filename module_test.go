@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -51,6 +52,11 @@ func TestValidate(t *testing.T) {
 		// every client resolved to the literal text: one principal, one cap
 		{"unclosed principal placeholder", func(h *Handler) { h.Principal = "{query.user" }, "brace"},
 		{"negative lease_ttl", func(h *Handler) { h.LeaseTTL = -1 }, "lease_ttl"},
+		// its announcement is read for 24 h only: an instance starting later
+		// admitted the client while Redis' key still refused it
+		{"throttle beyond the redis announcements", func(h *Handler) {
+			h.Redis, h.Throttle = &RedisConfig{}, caddy.Duration(25*time.Hour)
+		}, "throttle"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

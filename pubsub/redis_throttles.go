@@ -47,9 +47,15 @@ type RedisThrottles struct {
 // and no publish request can write it.
 const throttleChannel = "sse,throttles"
 
+// MaxRedisThrottle is the longest throttle the Redis throttles keep: their
+// announcements are kept that long, and an instance that reads them later
+// (it starts, or its hub is replaced) would never learn of a longer one.
+const MaxRedisThrottle = 24 * time.Hour
+
 // throttleHistory bounds the announcements kept: as many as an instance
-// keeps throttles, for as long as any lasts at most.
-var throttleHistory = replay.Limits{Count: maxThrottles, MaxAge: 24 * time.Hour, MaxBytes: 32 << 20}
+// keeps throttles, for as long as any lasts at most (a longer throttle is
+// cut to that age: Throttle).
+var throttleHistory = replay.Limits{Count: maxThrottles, MaxAge: MaxRedisThrottle, MaxBytes: 32 << 20}
 
 // NewRedisThrottles returns throttles in b's Redis.
 func NewRedisThrottles(b *Redis) *RedisThrottles {
@@ -80,8 +86,12 @@ type announcement struct {
 	MS  int64  `json:"ms"`
 }
 
-// Throttle refuses key for d from now on every instance.
+// Throttle refuses key for d from now on every instance, at most for the
+// announcements' max age: the history's reads leave older announcements
+// out, so an instance that loads it after that (a start, a new hub) would
+// admit the client while Redis' key still refused it.
 func (r *RedisThrottles) Throttle(ctx context.Context, key string, d time.Duration) error {
+	d = min(d, throttleHistory.MaxAge)
 	ms := max(d.Milliseconds(), 1)
 	_ = r.known.Throttle(ctx, key, d) // this instance refuses it at once
 	if err := r.b.classify(throttleAtLeast.Run(ctx, r.b.client, []string{r.key(key)}, ms).Err()); err != nil {
