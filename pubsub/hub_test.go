@@ -439,6 +439,36 @@ func TestMemoryBrokerSweepKeepsChannelsWithSubscribers(t *testing.T) {
 	}
 }
 
+// A quiet channel is forgotten after two max ages with no event and no
+// stream (docs/DELIVERY.md), counted from when its last subscriber left: a
+// stream that came and went between two sweeps (they run every minute)
+// counts too. Its client holds ids naming the channel's head; forgotten at
+// the next sweep, its reconnect would be told the channel was truncated
+// though no event was missed.
+func TestMemoryBrokerSweepKeepsAChannelWhoseSubscriberJustLeft(t *testing.T) {
+	h := newTestHub(t)
+	mem := h.Broker().(*Memory)
+	lim := replay.Limits{MaxAge: time.Second}
+	first, err := h.Publish(context.Background(), "quiet", Message{Data: []byte("x")}, lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2*lim.MaxAge + 50*time.Millisecond) // quiet, with no stream, for longer than 2*max age
+	sub := h.Subscribe(newRecorder(), []string{"quiet"})
+	sub.Close() // a short stream, between two sweeps
+	mem.Sweep() // moments later (well within 2*max age of the stream's end)
+	if channels, _, _ := mem.Log().Stats(); channels != 1 {
+		t.Fatalf("%d channels right after its subscriber left, want the quiet one kept", channels)
+	}
+	next, err := h.Publish(context.Background(), "quiet", Message{Data: []byte("y")}, lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !first.Follows(next) {
+		t.Fatalf("the next event %+v does not follow %+v: a new epoch, so the stream's cursor is truncated", next, first)
+	}
+}
+
 // stubBroker observes what the hub asks of its broker. It delivers its
 // publishes itself, one at a time, like a broker receiving them from Redis.
 type stubBroker struct {

@@ -21,6 +21,10 @@ type Memory struct {
 
 	watchMu sync.Mutex
 	watched map[string]struct{} // channels with subscribers on the hub
+	// left holds when the last subscriber of a channel left it, until a
+	// sweep has seen it: the sweep keeps the channel's head 2*max age from
+	// then, also for a stream that came and went between two sweeps
+	left map[string]time.Time
 
 	sweepOnce sync.Once
 	stop      chan struct{}
@@ -29,7 +33,7 @@ type Memory struct {
 
 // NewMemory returns an embedded broker that hands every event to deliver.
 func NewMemory(deliver DeliverFunc) *Memory {
-	return &Memory{log: replay.NewMemory(), deliver: deliver, watched: make(map[string]struct{}), stop: make(chan struct{})}
+	return &Memory{log: replay.NewMemory(), deliver: deliver, watched: make(map[string]struct{}), left: make(map[string]time.Time), stop: make(chan struct{})}
 }
 
 // Publish encodes msg once, appends it to the channel's ring and delivers it
@@ -62,6 +66,7 @@ func (m *Memory) Read(_ context.Context, channel string, after *replay.Position,
 func (m *Memory) Watch(channel string) {
 	m.watchMu.Lock()
 	m.watched[channel] = struct{}{}
+	delete(m.left, channel)
 	m.watchMu.Unlock()
 }
 
@@ -69,19 +74,36 @@ func (m *Memory) Watch(channel string) {
 func (m *Memory) Unwatch(channel string) {
 	m.watchMu.Lock()
 	delete(m.watched, channel)
+	m.left[channel] = time.Now()
 	m.watchMu.Unlock()
 }
 
-func (m *Memory) isWatched(channel string) bool {
+// watchState reports whether the hub has subscribers on channel now, and
+// if not, when the last one left (zero if not since the last sweep).
+func (m *Memory) watchState(channel string) (bool, time.Time) {
 	m.watchMu.Lock()
 	defer m.watchMu.Unlock()
-	_, ok := m.watched[channel]
-	return ok
+	if _, ok := m.watched[channel]; ok {
+		return true, time.Time{}
+	}
+	return false, m.left[channel]
 }
 
 // Sweep frees the expired history now, as the broker does every minute:
 // old events, and quiet channels that no subscriber of the hub watches.
-func (m *Memory) Sweep() { m.log.Sweep(m.isWatched) }
+func (m *Memory) Sweep() {
+	start := time.Now()
+	m.log.SweepWatched(m.watchState)
+	// the sweep stamped the channels that were left before it began; those
+	// left since are seen by the next one
+	m.watchMu.Lock()
+	for channel, at := range m.left {
+		if !at.After(start) {
+			delete(m.left, channel)
+		}
+	}
+	m.watchMu.Unlock()
+}
 
 // Close stops the sweeper.
 func (m *Memory) Close() error {

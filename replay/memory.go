@@ -168,6 +168,19 @@ func (m *Memory) Read(channel string, after *Position, limit int) Page {
 // watched may be nil (no channel is watched); it is called with the log's
 // locks held and must not call back into it.
 func (m *Memory) Sweep(watched func(channel string) bool) {
+	if watched == nil {
+		m.SweepWatched(nil)
+		return
+	}
+	m.SweepWatched(func(channel string) (bool, time.Time) { return watched(channel), time.Time{} })
+}
+
+// SweepWatched is Sweep with, for a channel no stream watches now, when
+// the last one left it (zero if unknown): the channel is kept 2*max age
+// from then as from a sweep that saw it watched, so that a stream that came
+// and went between two sweeps counts too (its client holds ids naming the
+// channel's head).
+func (m *Memory) SweepWatched(watched func(channel string) (now bool, left time.Time)) {
 	now := m.now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -175,11 +188,21 @@ func (m *Memory) Sweep(watched func(channel string) bool) {
 		r.mu.Lock()
 		r.expire(now)
 		r.trim(Limits{Count: r.Len()}, now) // compacts
-		if watched != nil && watched(name) {
+		var watchedNow bool
+		var left time.Time
+		if watched != nil {
+			watchedNow, left = watched(name)
+		}
+		if watchedNow {
 			r.watched = now.UnixMilli()
-		} else if r.empty() && r.forgettable(now) {
-			r.dead = true
-			delete(m.channels, name)
+		} else {
+			if !left.IsZero() {
+				r.watched = max(r.watched, left.UnixMilli())
+			}
+			if r.empty() && r.forgettable(now) {
+				r.dead = true
+				delete(m.channels, name)
+			}
 		}
 		r.mu.Unlock()
 	}
