@@ -64,6 +64,9 @@ func (m *Memory) Read(_ context.Context, channel string, after *replay.Position,
 // delivered to the hub already): the sweep keeps its history's head, so
 // that its next event follows their position however quiet it stays.
 func (m *Memory) Watch(channel string) {
+	// the sweeps also empty left, which Unwatch fills even if nothing is
+	// ever published
+	m.sweepOnce.Do(func() { go m.sweep() })
 	m.watchMu.Lock()
 	m.watched[channel] = struct{}{}
 	delete(m.left, channel)
