@@ -218,8 +218,17 @@ func (b *Redis) publishAndWait(ctx context.Context, key string, args []any) (any
 			if asking = strings.HasPrefix(err.Error(), "ASK "); !asking {
 				b.cluster.ReloadState(ctx)
 			}
-			if node = b.primaryAt(ctx, to); node == nil {
-				return reply, err
+			if node = b.primaryAt(ctx, to); node == nil || asking {
+				// ASKING holds for the one command after it, and go-redis
+				// sends a command again by itself (TRYAGAIN), without it:
+				// MOVED back. And the primary an ASK names may serve no
+				// slot yet (one just added), unknown to the slot map. A
+				// client of its own, that does not retry.
+				o := b.opts.nodeOptions(to)
+				o.MaxRetries = -1
+				tmp := redis.NewClient(o)
+				defer tmp.Close()
+				node = tmp
 			}
 		case function == FunctionPublishOnce:
 			function, args = FunctionPublishV2, args[2:]
@@ -236,13 +245,8 @@ func (b *Redis) publishAndWait(ctx context.Context, key string, args []any) (any
 func (b *Redis) publishAndWaitOn(ctx context.Context, node *redis.Client, key, function string, asking bool, args []any) (any, error) {
 	conn := node.Conn()
 	defer conn.Close()
-	if asking {
-		if err := conn.Do(ctx, "ASKING").Err(); err != nil {
-			return nil, b.classify(err)
-		}
-	}
 	stop := b.watchStall()
-	reply, err := b.callOn(ctx, conn, node, key, function, false, args...)
+	reply, err := b.callOn(ctx, conn, node, key, function, asking, args...)
 	stop(err)
 	if err != nil {
 		return nil, err
@@ -334,11 +338,22 @@ func (b *Redis) call(ctx context.Context, key, function string, readOnly bool, a
 	return reply, b.classify(err)
 }
 
-// callOn is call on one connection (for WAIT).
-func (b *Redis) callOn(ctx context.Context, conn *redis.Conn, node *redis.Client, key, function string, readOnly bool, args ...any) (any, error) {
-	reply, err := b.run(ctx, conn, key, function, readOnly, args...)
+// callOn is call on one connection (for WAIT), each attempt after ASKING
+// if asking: ASKING holds for the one command that follows it, and the
+// attempt after loading the library was sent without it (MOVED back to
+// the slot's old primary).
+func (b *Redis) callOn(ctx context.Context, conn *redis.Conn, node *redis.Client, key, function string, asking bool, args ...any) (any, error) {
+	attempt := func() (any, error) {
+		if asking {
+			if err := conn.Do(ctx, "ASKING").Err(); err != nil {
+				return nil, err
+			}
+		}
+		return b.run(ctx, conn, key, function, false, args...)
+	}
+	reply, err := attempt()
 	if b.mended(err, func() error { return b.loadOn(ctx, node) }) {
-		reply, err = b.run(ctx, conn, key, function, readOnly, args...)
+		reply, err = attempt()
 	}
 	return reply, b.classify(err)
 }
@@ -419,12 +434,25 @@ func (b *Redis) loadFunctions(ctx context.Context, key string) error {
 // (or waits for the loads under way), and has it loaded later on those
 // that do not answer now.
 func (b *Redis) loadOnEveryPrimary(ctx context.Context) {
+	var mu sync.Mutex
+	var asked *redis.Client
+	mapped := map[string]bool{}
 	_ = b.cluster.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
-		if err := b.loadOn(ctx, node); err != nil && !functionsForbidden(err) && !b.closed.Load() {
+		err := b.loadOn(ctx, node)
+		if err != nil && !functionsForbidden(err) && !b.closed.Load() {
 			b.loadWhenBack(node.Options().Addr, err)
 		}
+		mu.Lock()
+		mapped[node.Options().Addr] = true
+		if err == nil && asked == nil {
+			asked = node
+		}
+		mu.Unlock()
 		return nil
 	})
+	if asked != nil {
+		b.loadOnSlotlessPrimaries(ctx, asked, mapped)
+	}
 }
 
 // loadWhenBack loads the library on the primary at addr, which could not

@@ -2,8 +2,13 @@ package pubsub
 
 import (
 	"context"
+	"net"
+	"slices"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // libraryLoads runs one load of the library per node at a time. On a fresh
@@ -56,4 +61,52 @@ func (l *libraryLoads) do(ctx context.Context, addr string, load func(context.Co
 	l.mu.Unlock()
 	close(mine.done)
 	return mine.err
+}
+
+// loadOnSlotlessPrimaries loads the library on the primaries that serve no
+// slot, as the cluster's nodes list them to node (CLUSTER NODES): a primary
+// just added to scale out, importing its first slot. The cluster's slot
+// map, which ForEachMaster goes by, does not name them, but a call
+// redirected (ASK) to one while its slot migrates runs there, and was
+// answered "Function not found" until the migration ended. mapped are the
+// addresses of the primaries of the slot map, loaded already. Each is
+// loaded through a client of its own, closed after.
+func (b *Redis) loadOnSlotlessPrimaries(ctx context.Context, node *redis.Client, mapped map[string]bool) {
+	nodes, err := node.ClusterNodes(ctx).Result()
+	if err != nil {
+		return
+	}
+	for _, addr := range slotlessPrimaries(nodes) {
+		if mapped[addr] || b.closed.Load() {
+			continue
+		}
+		c := redis.NewClient(b.opts.nodeOptions(addr))
+		_ = b.loadOn(ctx, c)
+		_ = c.Close()
+	}
+}
+
+// slotlessPrimaries returns the addresses (ip:port) of the primaries that
+// serve no slot in a CLUSTER NODES reply ("<id> <ip:port@cport[,hostname]>
+// <flags> <primary> <ping> <pong> <epoch> <link> [<slot>...]"), leaving
+// out those failed or not yet (or no longer) reachable.
+func slotlessPrimaries(nodes string) []string {
+	var addrs []string
+	for line := range strings.SplitSeq(nodes, "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 8 || slices.ContainsFunc(fields[8:], func(f string) bool { return !strings.HasPrefix(f, "[") }) {
+			continue // not a node, or one that serves slots ([...]: a slot it imports or migrates)
+		}
+		flags := "," + fields[2] + ","
+		if !strings.Contains(flags, ",master,") || strings.Contains(flags, "fail") ||
+			strings.Contains(flags, ",noaddr,") || strings.Contains(flags, ",handshake,") {
+			continue
+		}
+		addr, _, _ := strings.Cut(fields[1], "@")
+		addr, _, _ = strings.Cut(addr, ",")
+		if host, port, err := net.SplitHostPort(addr); err == nil && host != "" && port != "0" {
+			addrs = append(addrs, addr)
+		}
+	}
+	return addrs
 }

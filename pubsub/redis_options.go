@@ -187,13 +187,20 @@ func (o *RedisOptions) newClient() (redis.UniversalClient, *redis.ClusterClient,
 		})
 		return c, c, nil
 	default:
-		return redis.NewClient(&redis.Options{
-			Addr: o.Addrs[0], Username: o.Username, Password: o.Password, DB: o.DB, TLSConfig: o.TLS,
-			PoolSize: o.PoolSize, DialTimeout: o.DialTimeout, ReadTimeout: o.ReadTimeout,
-			WriteTimeout: o.WriteTimeout, MaxRetries: o.MaxRetries,
-			MinRetryBackoff: o.MinRetryBackoff, MaxRetryBackoff: o.MaxRetryBackoff,
-			MaintNotificationsConfig: noMaintNotifications(),
-		}), nil, nil
+		return redis.NewClient(o.nodeOptions(o.Addrs[0])), nil, nil
+	}
+}
+
+// nodeOptions are the go-redis options of a client of the one server at
+// addr: the single Redis, or one node of a cluster (credentials, TLS and
+// timeouts as the cluster client gives its node clients).
+func (o *RedisOptions) nodeOptions(addr string) *redis.Options {
+	return &redis.Options{
+		Addr: addr, Username: o.Username, Password: o.Password, DB: o.DB, TLSConfig: o.TLS,
+		PoolSize: o.PoolSize, DialTimeout: o.DialTimeout, ReadTimeout: o.ReadTimeout,
+		WriteTimeout: o.WriteTimeout, MaxRetries: o.MaxRetries,
+		MinRetryBackoff: o.MinRetryBackoff, MaxRetryBackoff: o.MaxRetryBackoff,
+		MaintNotificationsConfig: noMaintNotifications(),
 	}
 }
 
