@@ -42,8 +42,9 @@ var (
 	aclSituational = []string{"+select", "+wait"}
 	// aclCluster: a cluster's slots; go-redis' routing reads COMMAND (and
 	// asks again before every command while it is refused); ASKING
-	// follows a slot being migrated
-	aclCluster = []string{"+cluster|slots", "+command", "+asking"}
+	// follows a slot being migrated; CLUSTER NODES finds the primaries that
+	// serve no slot yet, to load the library there (loadOnSlotlessPrimaries)
+	aclCluster = []string{"+cluster|slots", "+cluster|nodes", "+command", "+asking"}
 	// aclSentinel is the Sentinels' own user (sentinel_username): the
 	// master's address, the other Sentinels, and the subscription to
 	// failovers that go-redis pings when quiet
