@@ -117,6 +117,25 @@ func (o *RedisOptions) applyDefaults() {
 	}
 }
 
+// clusterRedirects is go-redis' MaxRedirects for a cluster: the one budget
+// its cluster client spends on a command's retries (network errors) and
+// its redirects (MOVED, ASK). max_retries goes there, and the nodes' own
+// retries are off (as go-redis has them by default): given max_retries as
+// well, each of the cluster's attempts was retried on its node, (3 + 1) ×
+// (max_retries + 1) copies of a call (16 with max_retries 3, beyond what
+// publishOnceTTL allows for), and an unset max_retries, which the hub's key
+// takes for 3, behaved otherwise than an explicit 3. -1 keeps one: a slot
+// that moved must still be followed.
+func (o *RedisOptions) clusterRedirects() int {
+	switch {
+	case o.MaxRetries == 0:
+		return goRedisMaxRetries
+	case o.MaxRetries < 0:
+		return 1
+	}
+	return o.MaxRetries
+}
+
 // publishOnceTTL is how long Redis keeps a publish's reply under its token
 // (FunctionPublishOnce): longer than go-redis' retries of one call can be
 // apart (every attempt's dial, write and read timeouts and backoff), and
@@ -125,6 +144,8 @@ func (o *RedisOptions) publishOnceTTL() time.Duration {
 	backoff := orDefault(o.MaxRetryBackoff, goRedisMaxBackoff)
 	retries := o.MaxRetries
 	switch {
+	case o.isCluster():
+		retries = o.clusterRedirects()
 	case retries == 0:
 		retries = goRedisMaxRetries
 	case retries < 0:
@@ -181,7 +202,7 @@ func (o *RedisOptions) newClient() (redis.UniversalClient, *redis.ClusterClient,
 		c := redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs: o.Addrs, Username: o.Username, Password: o.Password, TLSConfig: o.TLS,
 			PoolSize: o.PoolSize, DialTimeout: o.DialTimeout, ReadTimeout: o.ReadTimeout,
-			WriteTimeout: o.WriteTimeout, MaxRetries: o.MaxRetries,
+			WriteTimeout: o.WriteTimeout, MaxRetries: -1, MaxRedirects: o.clusterRedirects(),
 			MinRetryBackoff: o.MinRetryBackoff, MaxRetryBackoff: o.MaxRetryBackoff,
 			MaintNotificationsConfig: noMaintNotifications(),
 		})
