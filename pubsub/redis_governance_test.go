@@ -260,12 +260,7 @@ func TestRedisIdempotencyRetryDuringAnOutageReplays(t *testing.T) {
 func TestRedisThrottlesFollowAnnouncements(t *testing.T) {
 	srv := redistest.Start(t)
 	newHub := func() *RedisThrottles {
-		hub, err := NewRedisHub(RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: 500 * time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = hub.Close() })
-		return hub.Throttles().(*RedisThrottles)
+		return newRedisThrottles(t, RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: 500 * time.Millisecond})
 	}
 	ctx := context.Background()
 	a, b := newHub(), newHub()
@@ -431,12 +426,7 @@ func TestRedisLeaseAcquireDuringTheRemovalOfReleasesIsNotRefused(t *testing.T) {
 func TestRedisThrottlesAnnouncedWhileAnInstanceStarts(t *testing.T) {
 	srv := redistest.Start(t)
 	newHub := func() *RedisThrottles {
-		hub, err := NewRedisHub(RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: time.Hour})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = hub.Close() })
-		return hub.Throttles().(*RedisThrottles)
+		return newRedisThrottles(t, RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: time.Hour})
 	}
 	ctx := context.Background()
 	a := newHub()
@@ -464,12 +454,7 @@ func TestRedisThrottlesAnnouncedWhileAnInstanceStarts(t *testing.T) {
 // open its whole pool).
 func TestRedisThrottlesBurstAtStartWaitsForTheLoad(t *testing.T) {
 	srv := redistest.Start(t)
-	hub, err := NewRedisHub(RedisOptions{Addrs: []string{srv.Addr()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = hub.Close() })
-	r := hub.Throttles().(*RedisThrottles)
+	r := newRedisThrottles(t, RedisOptions{Addrs: []string{srv.Addr()}})
 	pttl := func() string { return commandCalls(srv.MustCLI("INFO", "commandstats"), "cmdstat_pttl") }
 	before := pttl()
 	var wg sync.WaitGroup
@@ -497,12 +482,7 @@ func twoThrottleInstances(t *testing.T, srv *redistest.Server) (a, b *RedisThrot
 	srv.MustCLI("ACL", "SETUSER", "b", "on", ">secret", "~*", "&*", "+@all")
 	newHub := func(opts RedisOptions) *RedisThrottles {
 		opts.Addrs, opts.CheckInterval = []string{srv.Addr()}, 200*time.Millisecond
-		hub, err := NewRedisHub(opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = hub.Close() })
-		return hub.Throttles().(*RedisThrottles)
+		return newRedisThrottles(t, opts)
 	}
 	a, b = newHub(RedisOptions{}), newHub(RedisOptions{Username: "b", Password: "secret"})
 	_, _ = b.Remaining(context.Background(), "x")
@@ -555,12 +535,7 @@ func TestRedisThrottlesBeyondTheRepairLimitAreApplied(t *testing.T) {
 	srv := redistest.Start(t)
 	newHub := func(opts RedisOptions) *RedisThrottles {
 		opts.Addrs, opts.CheckInterval = []string{srv.Addr()}, 200*time.Millisecond
-		hub, err := NewRedisHub(opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = hub.Close() })
-		return hub.Throttles().(*RedisThrottles)
+		return newRedisThrottles(t, opts)
 	}
 	ctx := context.Background()
 	a, b := newHub(RedisOptions{}), newHub(RedisOptions{RepairLimit: 2})
@@ -676,4 +651,16 @@ func TestRedisLeasesHeldCountsWithoutTaking(t *testing.T) {
 	if _, err := here.Held(ctx, "p"); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("held with Redis gone: %v, want ErrUnavailable", err)
 	}
+}
+
+// newRedisThrottles returns the throttles of a new Redis hub with opts,
+// closed at the test's end.
+func newRedisThrottles(t *testing.T, opts RedisOptions) *RedisThrottles {
+	t.Helper()
+	hub, err := NewRedisHub(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = hub.Close() })
+	return hub.Throttles().(*RedisThrottles)
 }

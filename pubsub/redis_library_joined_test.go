@@ -15,35 +15,27 @@ import (
 // that primary too, though the cluster's slot map (which lists only the
 // primaries that serve slots) does not name it yet.
 func TestPublishWhileTheSlotMigratesToAPrimaryJustAdded(t *testing.T) {
-	cluster := redistest.StartCluster(t, 3)
-	opts := RedisOptions{Addrs: cluster.Addrs(), CheckInterval: 300 * time.Millisecond}
-	pub, _ := newRedisHub(t, opts)
-	slot := 100
-	channel := channelInSlot(t, slot)
-	from := cluster.NodeOfSlot(t, slot)
-	publishTo(t, pub, channel, "before") // the library is loaded on every primary there is
-	spare := addEmptyPrimary(t, cluster)
-	migrateSlotByHand(t, cluster, slot, from, spare, func(phase string) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if _, err := pub.Publish(ctx, channel, Message{Data: []byte(phase)}, testLimits); err != nil {
-			t.Errorf("publish while the slot is %s: %v", phase, err)
-		}
-	})
+	publishWhileMigratingToAPrimaryJustAdded(t, RedisOptions{})
 }
 
 // The same with wait_replicas, whose publish runs on one node's connection
 // and follows MOVED and ASK itself: redirected (ASK) to the primary just
 // added, which the slot map does not name yet, it must publish there.
 func TestWaitReplicasPublishWhileTheSlotMigratesToAPrimaryJustAdded(t *testing.T) {
+	publishWhileMigratingToAPrimaryJustAdded(t, RedisOptions{WaitReplicas: 1, WaitTimeout: 20 * time.Millisecond})
+}
+
+// publishWhileMigratingToAPrimaryJustAdded publishes, with opts, at each
+// phase of a slot's migration to a primary added to the cluster after the
+// library was loaded on every primary there was.
+func publishWhileMigratingToAPrimaryJustAdded(t *testing.T, opts RedisOptions) {
 	cluster := redistest.StartCluster(t, 3)
-	opts := RedisOptions{Addrs: cluster.Addrs(), CheckInterval: 300 * time.Millisecond,
-		WaitReplicas: 1, WaitTimeout: 20 * time.Millisecond}
+	opts.Addrs, opts.CheckInterval = cluster.Addrs(), 300*time.Millisecond
 	pub, _ := newRedisHub(t, opts)
 	slot := 100
 	channel := channelInSlot(t, slot)
 	from := cluster.NodeOfSlot(t, slot)
-	publishTo(t, pub, channel, "before")
+	publishTo(t, pub, channel, "before") // the library is loaded on every primary there is
 	spare := addEmptyPrimary(t, cluster)
 	migrateSlotByHand(t, cluster, slot, from, spare, func(phase string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -21,12 +21,7 @@ func TestRedisThrottleOutlivingItsAnnouncementIsNotForgotten(t *testing.T) {
 	throttleHistory.MaxAge = 300 * time.Millisecond
 	srv := redistest.Start(t)
 	newHub := func() *RedisThrottles {
-		hub, err := NewRedisHub(RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: time.Hour})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = hub.Close() })
-		return hub.Throttles().(*RedisThrottles)
+		return newRedisThrottles(t, RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: time.Hour})
 	}
 	ctx := context.Background()
 	a := newHub()
