@@ -286,15 +286,19 @@ local function read(keys, args)
     return result(head, false, {})
   end
   if not first or first_s > as + 1 then return newest(skey, floor, limit, head) end
-  local id = num(at) .. '-' .. num(as)
   if as >= first_s then
     -- the event at the cursor must still be the one the client saw
+    local id = num(at) .. '-' .. num(as)
     if #redis.call('XRANGE', skey, id, id) == 0 then return newest(skey, floor, limit, head) end
-  elseif first_t < at then
-    -- the event after the cursor cannot be older than the cursor's
-    return newest(skey, floor, limit, head)
+    return tail(skey, '(' .. id, floor, limit, head)
   end
-  return tail(skey, '(' .. id, floor, limit, head)
+  -- the cursor is just before the oldest retained event: the event after
+  -- the cursor cannot be older than the cursor's
+  if first_t < at then return newest(skey, floor, limit, head) end
+  -- replay from that event: after the cursor's id would also take the
+  -- aged entries still in the stream (not trimmed until the next publish)
+  -- whose id is above it when the cursor's time is not its event's
+  return tail(skey, first[1], floor, limit, head)
 end
 
 -- the _v2 forms: KEYS are B:m, B:s (and B:p:<token>), the keys the call

@@ -73,3 +73,76 @@ func TestReplayRedisReadMatchesSelect(t *testing.T) {
 		}
 	}
 }
+
+// Events older than the max age stay in the stream until the next publish
+// trims them, but are no longer retained: a cursor just before the oldest
+// retained event replays from it, as Select does, whatever time the cursor
+// holds for its seq (a history rewritten by a failover, or a forged id).
+// The read started after the cursor's (time, seq) id instead, which is
+// before the aged events of that time or later: it replayed them (seqs the
+// client had, events past the max age) in a page not marked truncated.
+func TestReplayRedisReadSkipsAgedEventsBeforeTheCursor(t *testing.T) {
+	srv := redistest.Start(t)
+	_, b := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	ctx := context.Background()
+	const maxAge = 1500 * time.Millisecond
+	lim := replay.Limits{Count: 100, MaxAge: maxAge, MaxBytes: 1 << 20}
+	publish := func(i int) replay.Position {
+		pos, err := b.Publish(ctx, "aged", Message{Data: []byte(fmt.Sprint(i))}, lim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pos
+	}
+	var old []replay.Position
+	for i := range 5 {
+		old = append(old, publish(i))
+	}
+	time.Sleep(maxAge / 2) // setup: the next events are half a max age younger
+	for i := 5; i < 8; i++ {
+		publish(i)
+	}
+	// wait (with a deadline) until the first five are past the max age:
+	// still in the stream, as nothing was published since
+	var retained replay.Page
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		var err error
+		if retained, err = b.Read(ctx, "aged", &replay.Position{}, 1000); err != nil {
+			t.Fatal(err)
+		}
+		if len(retained.Events) > 0 && retained.Events[0].Pos.Seq == 6 {
+			break
+		}
+		if time.Now().After(deadline) || len(retained.Events) < 3 {
+			t.Fatalf("the first five events did not age out alone: %s", pageString(retained))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n, err := b.Client().XLen(ctx, b.Key("aged")+":s").Result(); err != nil || n != 8 {
+		t.Fatalf("stream has %d entries (%v), want the 8 published", n, err)
+	}
+	head, w := retained.Head, sliceWindow(retained.Events)
+	last := old[4]
+	var cursors []replay.Position
+	for _, tm := range []int64{last.Time, last.Time - 1, last.Time - 1000, 0, last.Time + 1, w[0].Pos.Time, w[0].Pos.Time + 1} {
+		for _, seq := range []uint64{3, 4, 5, 6} {
+			cursors = append(cursors, replay.Position{Epoch: head.Epoch, Seq: seq, Time: tm})
+		}
+	}
+	for _, limit := range []int{2, 3, 100} {
+		for _, c := range cursors {
+			got, err := b.Read(ctx, "aged", &c, limit)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := replay.Select(w, head, c, limit)
+			if pageString(got) != pageString(want) {
+				t.Errorf("after %v limit %d: redis %s, Select %s", c, limit, pageString(got), pageString(want))
+			}
+		}
+	}
+	// the window must not have moved while the cursors were read
+	if again, err := b.Read(ctx, "aged", &replay.Position{}, 1000); err != nil || pageString(again) != pageString(retained) {
+		t.Fatalf("the retained window moved during the test (%v): %s, then %s", err, pageString(retained), pageString(again))
+	}
+}
