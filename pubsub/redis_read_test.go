@@ -123,10 +123,19 @@ func TestReplayRedisReadSkipsAgedEventsBeforeTheCursor(t *testing.T) {
 	}
 	head, w := retained.Head, sliceWindow(retained.Events)
 	last := old[4]
+	times := []int64{0, last.Time - 1000}
+	for _, p := range old {
+		times = append(times, p.Time-1, p.Time, p.Time+1)
+	}
+	for _, ev := range w {
+		times = append(times, ev.Pos.Time-1, ev.Pos.Time, ev.Pos.Time+1)
+	}
 	var cursors []replay.Position
-	for _, tm := range []int64{last.Time, last.Time - 1, last.Time - 1000, 0, last.Time + 1, w[0].Pos.Time, w[0].Pos.Time + 1} {
-		for _, seq := range []uint64{3, 4, 5, 6} {
-			cursors = append(cursors, replay.Position{Epoch: head.Epoch, Seq: seq, Time: tm})
+	for _, epoch := range []uint32{head.Epoch, head.Epoch + 1, 0} {
+		for seq := range uint64(11) {
+			for _, tm := range times {
+				cursors = append(cursors, replay.Position{Epoch: epoch, Seq: seq, Time: tm})
+			}
 		}
 	}
 	for _, limit := range []int{2, 3, 100} {
