@@ -20,7 +20,7 @@ import (
 // default: about 20 s), and a stop waited for it (SPEC S8).
 func TestReloadDuringADegradedRecoveryFromAHungRedisEndsTheStreamPromptly(t *testing.T) {
 	rds := redistest.Start(t)
-	proxy := startStallingProxy(t, rds.Addr(), "sse_read_v2", "$3\r\n777\r\n") // the stream's reads alone
+	proxy := startStallingProxy(t, rds.Addr(), "sse_read_v3", "$3\r\n777\r\n") // the stream's reads alone
 	site := redisBlockSite("url redis://"+proxy.addr()+"\n\t\t\tcheck_interval 300ms",
 		"replay_limit 777", "heartbeat off", "close_jitter 100ms")
 	srv := startCaddy(t, site)

@@ -32,7 +32,7 @@ const (
 	FunctionPublish     = "sse_publish_v1"
 	FunctionPublishV2   = "sse_publish_v2"
 	FunctionPublishOnce = "sse_publish_once_v2"
-	FunctionRead        = "sse_read_v2"
+	FunctionRead        = "sse_read_v3"
 )
 
 // functionKeys are the keys a call of function declares for the channel

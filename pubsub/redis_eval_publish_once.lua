@@ -47,6 +47,12 @@ caddy-sse calls the _v2 forms; backends should too on a Redis Cluster.
 FCALL sse_publish_v2 2 <B>:m <B>:s <type> <data> [...]
 FCALL sse_publish_once_v2 3 <B>:m <B>:s <B>:p:<token> <token> <ttl_ms> <type> <data> [...]
 FCALL_RO sse_read_v2 2 <B>:m <B>:s <limit> [<epoch> <seq> <time>]
+FCALL_RO sse_read_v3 2 <B>:m <B>:s <limit> [<epoch> <seq> <time>]
+  sse_read_v2 under a new name, which caddy-sse calls: a cursor just before
+  the oldest event kept, with a time not its event's, was also replayed the
+  aged entries the stream still held; sse_read_v2 reads the same now, but a
+  Redis loaded with the earlier library has it, and only a missing function
+  makes an instance load the library again.
 ]==]
 
 local OVERHEAD = 64 -- what an entry costs besides its type and data

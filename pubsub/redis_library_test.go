@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/caddy-sse/caddy-sse/internal/redistest"
+	"github.com/caddy-sse/caddy-sse/replay"
 )
 
 func TestLibraryLoadsShareOneLoadPerNode(t *testing.T) {
@@ -114,5 +116,29 @@ func TestRedisBurstOnAFreshRedisLoadsTheLibraryOnce(t *testing.T) {
 	loads, _ := strconv.Atoi(strings.TrimPrefix(commandCalls(srv.MustCLI("INFO", "commandstats"), "cmdstat_function|load"), "calls="))
 	if loads < 1 || loads > 5 {
 		t.Fatalf("FUNCTION LOAD ran %d times for %d concurrent first calls, want about once", loads, calls)
+	}
+}
+
+// A Redis that holds the library of an earlier release (without the
+// function this one reads with) has it replaced at the first read: a
+// function of a new name is how a fix of the library reaches a Redis
+// loaded before it.
+func TestRedisLibraryOfAnEarlierReleaseIsReplaced(t *testing.T) {
+	srv := redistest.Start(t)
+	register := "redis.register_function { function_name = '" + FunctionRead + "'"
+	lines := strings.Split(RedisFunctions(), "\n")
+	earlier := slices.DeleteFunc(slices.Clone(lines), func(l string) bool { return strings.HasPrefix(l, register) })
+	if len(earlier) != len(lines)-1 {
+		t.Fatalf("no line registers %s", FunctionRead)
+	}
+	srv.MustCLI("FUNCTION", "LOAD", strings.Join(earlier, "\n"))
+	hub, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	sent := publishTo(t, hub, "a", "x")
+	page, err := hub.Read(context.Background(), "a", &replay.Position{}, 10)
+	if err != nil || len(page.Events) != 1 || page.Events[0].Pos != sent {
+		t.Fatalf("read %+v, %v; want the event at %+v", page, err, sent)
+	}
+	if list := srv.MustCLI("FUNCTION", "LIST"); !strings.Contains(list, FunctionRead) {
+		t.Fatalf("Redis' library has no %s: %s", FunctionRead, list)
 	}
 }
