@@ -1,6 +1,7 @@
 package caddysse
 
 import (
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -79,5 +80,43 @@ func TestExplicitGoRedisDefaultsShareHub(t *testing.T) {
 		DialTimeout: caddy.Duration(5 * time.Second), MaxRetries: 3})
 	if plain != written {
 		t.Fatalf("the documented defaults, written or not, give two hubs:\n%s\n%s", plain, written)
+	}
+}
+
+// README: "a malformed URL is a configuration error, as is a URL or
+// credential whose placeholder resolves to nothing (an unset
+// {env.REDIS_PASSWORD})". A placeholder inside the URL (its password, its
+// host) or an address that resolves to nothing is refused too: it once
+// left a URL without its password (every call then NOAUTH, at the first
+// request) or without its host, which go-redis dials as localhost.
+func TestRedisPlaceholderResolvingToNothingInsideURLRefused(t *testing.T) {
+	const unset = "CADDY_SSE_TEST_SURELY_UNSET_REDIS_PART"
+	if _, set := os.LookupEnv(unset); set {
+		t.Fatalf("%s must not be set", unset)
+	}
+	for _, rc := range []*RedisConfig{
+		{URL: "redis://:{env." + unset + "}@127.0.0.1:7000"},
+		{URL: "redis://{env." + unset + "}:7000/0"},
+		{Addresses: []string{"{env." + unset + "}:7000"}},
+	} {
+		opts, err := rc.redisOptions()
+		if err == nil {
+			t.Errorf("url %q, addresses %q accepted: dials %v with password %q", rc.URL, rc.Addresses, opts.Addrs, opts.Password)
+			continue
+		}
+		if !strings.Contains(err.Error(), "environment variable") {
+			t.Errorf("url %q, addresses %q: error %v, want one asking whether the variable is set", rc.URL, rc.Addresses, err)
+		}
+	}
+	// set, it is used; a brace that is no known placeholder (a password
+	// from a generator) is kept as it is
+	t.Setenv(unset, "secret")
+	opts, err := (&RedisConfig{URL: "redis://:{env." + unset + "}@127.0.0.1:7000"}).redisOptions()
+	if err != nil || opts.Password != "secret" {
+		t.Fatalf("set: password %q, error %v", opts.Password, err)
+	}
+	opts, err = (&RedisConfig{Addresses: []string{"127.0.0.1:7000"}, Password: "Xk{9fQ}p"}).redisOptions()
+	if err != nil || opts.Password != "Xk{9fQ}p" {
+		t.Fatalf("literal braces: password %q, error %v", opts.Password, err)
 	}
 }

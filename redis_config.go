@@ -161,13 +161,21 @@ func (c *RedisConfig) redisOptions() (pubsub.RedisOptions, error) {
 		return opts, err
 	}
 	for _, a := range c.Addresses {
-		opts.Addrs = append(opts.Addrs, repl.ReplaceKnown(a, ""))
+		addr, err := resolveAtLoad(repl, "address", a)
+		if err != nil {
+			return opts, err
+		}
+		opts.Addrs = append(opts.Addrs, addr)
 	}
 	if c.URL != "" && len(c.Addresses) > 0 {
 		return opts, errors.New("redis: give a url or addresses, not both")
 	}
 	if c.URL != "" {
-		if err := applyURL(&opts, repl.ReplaceKnown(c.URL, "")); err != nil {
+		raw, err := resolveAtLoad(repl, "URL", c.URL)
+		if err != nil {
+			return opts, err
+		}
+		if err := applyURL(&opts, raw); err != nil {
 			return opts, err
 		}
 	}
@@ -192,12 +200,36 @@ func (c *RedisConfig) applyCredentials(opts *pubsub.RedisOptions, repl *caddy.Re
 	}{{"username", c.Username, &opts.Username}, {"password", c.Password, &opts.Password},
 		{"sentinel_username", c.SentinelUsername, &opts.SentinelUsername},
 		{"sentinel_password", c.SentinelPassword, &opts.SentinelPassword}} {
-		*cred.resolved = repl.ReplaceKnown(cred.raw, "")
-		if cred.raw != "" && strings.TrimSpace(*cred.resolved) == "" {
-			return fmt.Errorf("redis: %s is empty (is its environment variable set?)", cred.name)
+		resolved, err := resolveAtLoad(repl, cred.name, cred.raw)
+		if err != nil {
+			return err
 		}
+		*cred.resolved = resolved
 	}
 	return nil
+}
+
+// resolveAtLoad replaces the global placeholders of a setting. A
+// placeholder that resolves to nothing (an unset {env.REDIS_PASSWORD}) is
+// an error wherever it is, not only when it is the whole value: inside a
+// URL it left the URL without its password (NOAUTH at the first request)
+// or without its host (go-redis dials localhost). The error names neither
+// the value nor the placeholder: it may hold the password. Unknown
+// placeholders are kept as they are.
+func resolveAtLoad(repl *caddy.Replacer, name, raw string) (string, error) {
+	resolved := repl.ReplaceKnown(raw, "")
+	switch {
+	case raw == "":
+		return "", nil
+	case strings.TrimSpace(resolved) == "" && name == "URL":
+		return "", errors.New("redis: the URL is empty (is its environment variable set?)")
+	case strings.TrimSpace(resolved) == "":
+		return "", fmt.Errorf("redis: %s is empty (is its environment variable set?)", name)
+	}
+	if _, err := repl.ReplaceOrErr(raw, true, false); err != nil {
+		return "", fmt.Errorf("redis: a placeholder in the %s resolves to nothing (is its environment variable set?)", name)
+	}
+	return resolved, nil
 }
 
 // applyURL takes the address, credentials, database and TLS of a URL;
