@@ -327,7 +327,7 @@ func oneSize(d *caddyfile.Dispenser, dst *int64) error {
 		return err
 	}
 	v, err := humanize.ParseBytes(s)
-	if err != nil || v == 0 || v > 1<<40 {
+	if err != nil || v == 0 || v > maxSize {
 		return d.Errf("%s: must be a positive size such as 64KiB, got %q", name, s)
 	}
 	*dst = int64(v)

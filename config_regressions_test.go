@@ -1,6 +1,7 @@
 package caddysse
 
 import (
+	"math"
 	"os"
 	"strings"
 	"testing"
@@ -118,5 +119,23 @@ func TestRedisPlaceholderResolvingToNothingInsideURLRefused(t *testing.T) {
 	opts, err = (&RedisConfig{Addresses: []string{"127.0.0.1:7000"}, Password: "Xk{9fQ}p"}).redisOptions()
 	if err != nil || opts.Password != "Xk{9fQ}p" {
 		t.Fatalf("literal braces: password %q, error %v", opts.Password, err)
+	}
+}
+
+// The JSON config refuses sizes the Caddyfile refuses (over 1 TiB): an
+// "unlimited" max_event_size of 2^63-1 (with queue_bytes to match) wrapped
+// max_event_size + 264 around, so the history_bytes check passed with the
+// default 4 MiB, and the publish body limit (6 × max_event_size + ...)
+// wrapped to about 100 KiB: the config loaded with bounds it did not have.
+func TestHugeSizesRefusedAsInTheCaddyfile(t *testing.T) {
+	h := validHandler()
+	h.MaxEventSize, h.QueueBytes = math.MaxInt64, math.MaxInt64
+	if err := h.Validate(); err == nil {
+		t.Fatalf("accepted: history_bytes %d below max_event_size %d, publish body limit %d", h.HistoryBytes, h.MaxEventSize, h.bodyLimit())
+	}
+	h = validHandler()
+	h.MaxEventSize, h.QueueBytes, h.HistoryBytes = 1<<40, 1<<40, 1<<40+264
+	if err := h.Validate(); err == nil {
+		t.Fatal("a history_bytes over 1 TiB accepted; the Caddyfile refuses it")
 	}
 }

@@ -487,7 +487,20 @@ func (h *Handler) Validate() error {
 	return h.validateLimits()
 }
 
+// maxSize bounds the byte sizes (max_event_size, history_bytes,
+// queue_bytes), in the Caddyfile and in JSON alike: the checks and the
+// publish body limit add to them and multiply them, and must not wrap.
+const maxSize = 1 << 40
+
 func (h *Handler) validateLimits() error {
+	for _, s := range []struct {
+		name string
+		v    int64
+	}{{"max_event_size", h.MaxEventSize}, {"history_bytes", h.HistoryBytes}, {"queue_bytes", h.QueueBytes}} {
+		if s.v > maxSize {
+			return fmt.Errorf("%s: at most 1TiB, got %d", s.name, s.v)
+		}
+	}
 	checks := []struct {
 		ok  bool
 		msg string
