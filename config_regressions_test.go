@@ -99,6 +99,7 @@ func TestRedisPlaceholderResolvingToNothingInsideURLRefused(t *testing.T) {
 		{URL: "redis://:{env." + unset + "}@127.0.0.1:7000"},
 		{URL: "redis://{env." + unset + "}:7000/0"},
 		{Addresses: []string{"{env." + unset + "}:7000"}},
+		{Addresses: []string{"127.0.0.1:7000"}, TLS: &RedisTLS{ServerName: "{env." + unset + "}"}},
 	} {
 		opts, err := rc.redisOptions()
 		if err == nil {

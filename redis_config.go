@@ -281,7 +281,11 @@ func (c *RedisConfig) applyTLS(opts *pubsub.RedisOptions) error {
 		}
 	}
 	repl := caddy.NewReplacer()
-	if name := repl.ReplaceKnown(c.TLS.ServerName, ""); name != "" {
+	name, err := resolveAtLoad(repl, "tls server_name", c.TLS.ServerName)
+	if err != nil {
+		return err // an unset variable would check the certificates against the host instead
+	}
+	if name != "" {
 		opts.TLS.ServerName = name
 	}
 	sums := sha256.New()
