@@ -89,6 +89,7 @@ type worker struct {
 	ring    *uring.Ring
 	ios     []uring.IO
 	readers []*client
+	toEOF   []bool // the stream's end was reported with its readiness
 	slots   []byte
 	readFn  func(i, n int, err error)
 }
@@ -235,7 +236,7 @@ func (w *worker) loop() {
 			switch {
 			case c == nil:
 			case w.ring != nil && (c.state == stHead || c.state == stBody):
-				w.queueRead(c)
+				w.queueRead(c, events[i].Events&endEvents != 0)
 			default:
 				w.handle(c, events[i].Events)
 			}
@@ -417,19 +418,26 @@ func (w *worker) handle(c *client, ev uint32) {
 		}
 		c.state = stHead
 	case stHead, stBody:
-		w.read(c)
+		w.read(c, ev&endEvents != 0)
 	}
 }
 
+// endEvents are the readiness events that report the stream's end (a FIN,
+// a reset or an error).
+const endEvents = syscall.EPOLLRDHUP | syscall.EPOLLHUP | syscall.EPOLLERR
+
 // read reads c until its socket is empty (its readiness is edge-triggered).
-func (w *worker) read(c *client) {
+// A short read means empty, unless the end was reported: a FIN that came
+// with the last bytes stops the read that returns them, and is read (as 0)
+// only by the next one; no readiness event reports it again.
+func (w *worker) read(c *client, toEOF bool) {
 	for {
 		w.k.cnt.reads.Add(1)
 		n, err := syscall.Read(c.fd, w.buf)
 		if err == syscall.EINTR {
 			continue
 		}
-		if !w.took(c, w.buf, n, err) || n < len(w.buf) {
+		if !w.took(c, w.buf, n, err) || (n < len(w.buf) && !toEOF) {
 			return
 		}
 	}
@@ -463,10 +471,11 @@ func (w *worker) took(c *client, buf []byte, n int, err error) bool {
 }
 
 // queueRead adds a ready stream to the round's batched reads.
-func (w *worker) queueRead(c *client) {
+func (w *worker) queueRead(c *client, toEOF bool) {
 	at := len(w.ios) * slotSize
 	w.ios = append(w.ios, uring.IO{FD: c.fd, Buf: w.slots[at : at+slotSize], Recv: true})
 	w.readers = append(w.readers, c)
+	w.toEOF = append(w.toEOF, toEOF)
 }
 
 // readQueued reads the round's ready streams with one system call.
@@ -482,12 +491,12 @@ func (w *worker) readQueued() {
 		w.ring = nil
 		for i, c := range w.readers {
 			if c != nil && w.ios[i].FD == c.fd {
-				w.read(c)
+				w.read(c, w.toEOF[i])
 			}
 		}
 	}
 	clear(w.readers)
-	w.ios, w.readers = w.ios[:0], w.readers[:0]
+	w.ios, w.readers, w.toEOF = w.ios[:0], w.readers[:0], w.toEOF[:0]
 }
 
 // readDone handles the i-th batched read.
@@ -495,8 +504,8 @@ func (w *worker) readDone(i, n int, err error) {
 	c, buf := w.readers[i], w.ios[i].Buf
 	w.readers[i] = nil
 	w.k.cnt.reads.Add(1)
-	if err == syscall.EINTR || (w.took(c, buf, n, err) && n == len(buf)) {
-		w.read(c) // there may be more
+	if err == syscall.EINTR || (w.took(c, buf, n, err) && (n == len(buf) || w.toEOF[i])) {
+		w.read(c, w.toEOF[i]) // there may be more, or the end
 	}
 }
 
