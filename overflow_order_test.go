@@ -40,7 +40,7 @@ func (w *idRecorder) MayBlock() bool         { return true }
 // over (by count and by bytes): each id the stream writes moves exactly one
 // channel on by exactly one, and at the end every channel is at its last
 // event — no gap, no duplicate, in order.
-func TestProbeFanoutOverflowKeepsPerChannelOrder(t *testing.T) {
+func TestOverflowingStreamKeepsEachChannelsOrder(t *testing.T) {
 	h := validHandler()
 	h.Queue = 3
 	h.QueueBytes = 200

@@ -24,7 +24,7 @@ func (r *seqRecorder) Deliver(_ int, ev *replay.Event) {
 
 // Subscribers join and leave while two publishers run: each sees, after
 // the head it read once subscribed, every event in order, none missing.
-func TestProbeHubJoinLeaveWhilePublishing(t *testing.T) {
+func TestHubJoinAndLeaveWhilePublishing(t *testing.T) {
 	h := NewMemoryHub()
 	defer h.Close()
 	ctx := context.Background()
