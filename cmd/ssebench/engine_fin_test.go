@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,20 +18,7 @@ import (
 // and the client sees the last bytes and the end in one readiness event.
 // Later streams get event 2 and stay open.
 func finWithDataServer(t *testing.T, chunked bool) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
+	ln, kept := listenKeeping(t)
 	frame := func(seq int64) string {
 		return "data: " + string(appendBenchData(nil, benchEvent{ch: 0, seq: seq, t: time.Now().UnixNano()}, 0)) + fmt.Sprintf("\nid: %d\n\n", seq)
 	}
@@ -58,9 +44,7 @@ func finWithDataServer(t *testing.T, chunked bool) string {
 				conn.Close()
 				continue
 			}
-			mu.Lock()
-			conns = append(conns, conn)
-			mu.Unlock()
+			kept.keep(conn)
 			_, _ = conn.Write([]byte(head + body(frame(2))))
 		}
 	}()

@@ -147,29 +147,14 @@ func TestEpollEmptyContentLengthBodyEndsTheStream(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("the epoll engine needs Linux")
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
+	ln, kept := listenKeeping(t)
 	go func() {
 		for {
 			conn, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			mu.Lock()
-			conns = append(conns, conn) // kept open: only the body ends
-			mu.Unlock()
+			kept.keep(conn)                      // kept open: only the body ends
 			_, _ = conn.Read(make([]byte, 4096)) // the request
 			_, _ = conn.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 0\r\n\r\n"))
 		}
@@ -195,4 +180,36 @@ func TestEpollEmptyContentLengthBodyEndsTheStream(t *testing.T) {
 	if c.connects.Load() < 2 || k.cnt.ended.Load() < 1 {
 		t.Fatalf("connects %d, streams ended %d; want ≥ 2 and ≥ 1 (the empty body was held as a live stream)", c.connects.Load(), k.cnt.ended.Load())
 	}
+}
+
+// keptConns are a test server's connections, held open until the test ends.
+type keptConns struct {
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func (k *keptConns) keep(c net.Conn) {
+	k.mu.Lock()
+	k.conns = append(k.conns, c)
+	k.mu.Unlock()
+}
+
+// listenKeeping listens on loopback; the listener and the connections kept
+// are closed when the test ends.
+func listenKeeping(t *testing.T) (net.Listener, *keptConns) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := &keptConns{}
+	t.Cleanup(func() {
+		ln.Close()
+		kept.mu.Lock()
+		defer kept.mu.Unlock()
+		for _, c := range kept.conns {
+			c.Close()
+		}
+	})
+	return ln, kept
 }
