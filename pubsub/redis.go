@@ -83,6 +83,7 @@ type Redis struct {
 	pingRefused   atomic.Bool   // Redis refused a PING (ACL), logged (warnPingRefused)
 	stateMu       sync.Mutex
 	wentDown      chan struct{} // closed when Redis stops answering; replaced when it answers again
+	cameBack      chan struct{} // closed when Redis answers again; replaced when it stops answering
 	downLogged    bool
 	closed        atomic.Bool
 }
@@ -101,6 +102,8 @@ func NewRedis(opts RedisOptions, deliver DeliverFunc) (*Redis, error) {
 	goRedisLogs.push(opts.Logger)
 	b.up.Store(true)
 	b.wentDown = make(chan struct{})
+	b.cameBack = make(chan struct{})
+	close(b.cameBack) // it answers, as far as anyone knows
 	b.quit = make(chan struct{})
 	b.local.epoch = newLocalEpoch()
 	b.local.seqs = make(map[string]uint64)
@@ -656,12 +659,22 @@ func (b *Redis) setUp(up bool, err error) {
 	}
 	if up {
 		b.wentDown = make(chan struct{})
+		close(b.cameBack)
 		b.log().Info("redis is reachable again")
 		b.watch.recovered()
 	} else {
 		close(b.wentDown)
+		b.cameBack = make(chan struct{})
 		b.log().Error("redis is unreachable", zap.Error(err))
 	}
+}
+
+// backSignal returns a channel closed when Redis answers again (at once if
+// it answers now).
+func (b *Redis) backSignal() <-chan struct{} {
+	b.stateMu.Lock()
+	defer b.stateMu.Unlock()
+	return b.cameBack
 }
 
 // downSignal returns a channel closed when Redis stops answering (at once

@@ -359,13 +359,28 @@ func (r *RedisLeases) maintain() {
 	renewed := time.Now()
 	timer := time.NewTimer(r.period())
 	defer timer.Stop()
+	up := r.b.Available()
 	for {
+		turn := r.b.downSignal() // Redis going away, or coming back
+		if !up {
+			turn = r.b.backSignal()
+		}
 		select {
 		case <-timer.C:
 		case <-r.wake:
+		case <-turn:
 		case <-r.stop:
 			r.flushReleases()
 			return
+		}
+		if back := r.b.Available(); back != up {
+			up = back
+			if up {
+				// the leases Redis lost while it was away (a restart without
+				// persistence, an outage past their ttl) count again now, not
+				// up to a period later, while other instances admit past them
+				renewed = time.Time{}
+			}
 		}
 		if time.Since(renewed) >= r.period() {
 			// the period counts from when a renewal began: one that took

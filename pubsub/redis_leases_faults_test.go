@@ -274,3 +274,32 @@ func TestRedisLeaseOfAFailedAcquireIsRemoved(t *testing.T) {
 		})
 	}
 }
+
+// A lease Redis lost while it was away (here a restart without
+// persistence) is put back as soon as the instance finds Redis answering
+// again, not at the next renewal, up to a third of lease_ttl later: until
+// then other instances admitted the principal past its cap.
+func TestRedisLeaseLostWhileRedisWasAwayIsPutBackWhenItAnswers(t *testing.T) {
+	srv := redistest.Start(t)
+	b := newTestRedis(t, srv)
+	r := NewRedisLeases(b)
+	defer r.Close()
+	ctx := context.Background()
+	const ttl = 60 * time.Second // renewed every 20 s: longer than the test waits
+	if _, err := r.Acquire(ctx, "p", 1, ttl); err != nil {
+		t.Fatal(err)
+	}
+	srv.Kill()
+	if _, err := r.Acquire(ctx, "q", 1, ttl); !errors.Is(err, ErrUnavailable) { // the instance finds Redis down
+		t.Fatalf("an Acquire while Redis is down: %v, want ErrUnavailable", err)
+	}
+	srv.Restart()                                          // persistence off: p's lease is gone, its stream is not
+	if _, err := r.Acquire(ctx, "q", 1, ttl); err != nil { // and answering again
+		t.Fatalf("an Acquire once Redis is back: %v", err)
+	}
+	for deadline := time.Now().Add(redisWait); srv.MustCLI("ZCARD", "sse:lease:{p}") != "1"; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the lease Redis lost is not back %v after Redis answered again (the next renewal is %v away)", redisWait, ttl/3)
+		}
+	}
+}
