@@ -293,7 +293,8 @@ func TestRedisLeaseLostWhileRedisWasAwayIsPutBackWhenItAnswers(t *testing.T) {
 	if _, err := r.Acquire(ctx, "q", 1, ttl); !errors.Is(err, ErrUnavailable) { // the instance finds Redis down
 		t.Fatalf("an Acquire while Redis is down: %v, want ErrUnavailable", err)
 	}
-	srv.Restart()                                          // persistence off: p's lease is gone, its stream is not
+	// persistence off: p's lease is gone, its stream is not
+	srv.Restart()
 	if _, err := r.Acquire(ctx, "q", 1, ttl); err != nil { // and answering again
 		t.Fatalf("an Acquire once Redis is back: %v", err)
 	}
