@@ -84,6 +84,7 @@ type Redis struct {
 	stateMu       sync.Mutex
 	wentDown      chan struct{} // closed when Redis stops answering; replaced when it answers again
 	cameBack      chan struct{} // closed when Redis answers again; replaced when it stops answering
+	returns       atomic.Uint64 // how often Redis answered again after it had not
 	downLogged    bool
 	closed        atomic.Bool
 }
@@ -660,6 +661,7 @@ func (b *Redis) setUp(up bool, err error) {
 	if up {
 		b.wentDown = make(chan struct{})
 		close(b.cameBack)
+		b.returns.Add(1)
 		b.log().Info("redis is reachable again")
 		b.watch.recovered()
 	} else {

@@ -207,7 +207,7 @@ func (r *RedisLeases) maintainLocked(ttl time.Duration) {
 	}
 	if !r.running {
 		r.running = true
-		go r.maintain()
+		go r.maintain(r.b.returns.Load())
 	}
 }
 
@@ -353,34 +353,37 @@ func (r *RedisLeases) poke() {
 // maintain renews the held leases every third of their ttl and removes the
 // released ones as they come. The renewals keep their own clock: releases
 // wake the loop far more often than a period when streams come and go, and
-// must not put the renewal off (the held leases would lapse).
-func (r *RedisLeases) maintain() {
+// must not put the renewal off (the held leases would lapse). returns is
+// how often Redis had come back when it started (Redis.returns): a return
+// since has it renew at once.
+func (r *RedisLeases) maintain(returns uint64) {
 	defer close(r.done)
 	renewed := time.Now()
 	timer := time.NewTimer(r.period())
 	defer timer.Stop()
-	up := r.b.Available()
 	for {
-		turn := r.b.downSignal() // Redis going away, or coming back
-		if !up {
-			turn = r.b.backSignal()
-		}
-		select {
-		case <-timer.C:
-		case <-r.wake:
-		case <-turn:
-		case <-r.stop:
-			r.flushReleases()
-			return
-		}
-		if back := r.b.Available(); back != up {
-			up = back
-			if up {
-				// the leases Redis lost while it was away (a restart without
-				// persistence, an outage past their ttl) count again now, not
-				// up to a period later, while other instances admit past them
-				renewed = time.Time{}
+		// counted, not only watched: Redis may go and come back while a
+		// renewal or a removal runs
+		if r.b.returns.Load() == returns {
+			turn := r.b.downSignal() // Redis going away, or coming back
+			if !r.b.Available() {
+				turn = r.b.backSignal()
 			}
+			select {
+			case <-timer.C:
+			case <-r.wake:
+			case <-turn:
+			case <-r.stop:
+				r.flushReleases()
+				return
+			}
+		}
+		if n := r.b.returns.Load(); n != returns {
+			returns = n
+			// the leases Redis lost while it was away (a restart without
+			// persistence, an outage past their ttl) count again now, not
+			// up to a period later, while other instances admit past them
+			renewed = time.Time{}
 		}
 		if time.Since(renewed) >= r.period() {
 			// the period counts from when a renewal began: one that took
