@@ -84,11 +84,33 @@ func TestReplayRedisReadMatchesSelect(t *testing.T) {
 func TestReplayRedisReadSkipsAgedEventsBeforeTheCursor(t *testing.T) {
 	srv := redistest.Start(t)
 	_, b := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	// a loaded machine may take longer to read every cursor than the newer
+	// events live: then the window moved under the reads, and the round is
+	// made again on a new channel with twice the max age
+	for round, maxAge := 0, 1500*time.Millisecond; ; round, maxAge = round+1, 2*maxAge {
+		mismatches, moved := agedEventsRound(t, b, fmt.Sprint("aged-", round), maxAge)
+		if moved && round < 3 {
+			continue
+		}
+		if moved {
+			t.Fatal("the retained window moved under the reads in every round")
+		}
+		for _, m := range mismatches {
+			t.Error(m)
+		}
+		return
+	}
+}
+
+// agedEventsRound runs the test above on channel with maxAge: the
+// mismatches between Redis' reads and Select, and whether the retained
+// window moved while the cursors were read (the mismatches then prove
+// nothing).
+func agedEventsRound(t *testing.T, b *Redis, channel string, maxAge time.Duration) (mismatches []string, moved bool) {
 	ctx := context.Background()
-	const maxAge = 1500 * time.Millisecond
 	lim := replay.Limits{Count: 100, MaxAge: maxAge, MaxBytes: 1 << 20}
 	publish := func(i int) replay.Position {
-		pos, err := b.Publish(ctx, "aged", Message{Data: []byte(fmt.Sprint(i))}, lim)
+		pos, err := b.Publish(ctx, channel, Message{Data: []byte(fmt.Sprint(i))}, lim)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -107,7 +129,7 @@ func TestReplayRedisReadSkipsAgedEventsBeforeTheCursor(t *testing.T) {
 	var retained replay.Page
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		var err error
-		if retained, err = b.Read(ctx, "aged", &replay.Position{}, 1000); err != nil {
+		if retained, err = b.Read(ctx, channel, &replay.Position{}, 1000); err != nil {
 			t.Fatal(err)
 		}
 		if len(retained.Events) > 0 && retained.Events[0].Pos.Seq == 6 {
@@ -118,7 +140,7 @@ func TestReplayRedisReadSkipsAgedEventsBeforeTheCursor(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if n, err := b.Client().XLen(ctx, b.Key("aged")+":s").Result(); err != nil || n != 8 {
+	if n, err := b.Client().XLen(ctx, b.Key(channel)+":s").Result(); err != nil || n != 8 {
 		t.Fatalf("stream has %d entries (%v), want the 8 published", n, err)
 	}
 	head, w := retained.Head, sliceWindow(retained.Events)
@@ -140,18 +162,19 @@ func TestReplayRedisReadSkipsAgedEventsBeforeTheCursor(t *testing.T) {
 	}
 	for _, limit := range []int{2, 3, 100} {
 		for _, c := range cursors {
-			got, err := b.Read(ctx, "aged", &c, limit)
+			got, err := b.Read(ctx, channel, &c, limit)
 			if err != nil {
 				t.Fatal(err)
 			}
 			want := replay.Select(w, head, c, limit)
 			if pageString(got) != pageString(want) {
-				t.Errorf("after %v limit %d: redis %s, Select %s", c, limit, pageString(got), pageString(want))
+				mismatches = append(mismatches, fmt.Sprintf("after %v limit %d: redis %s, Select %s", c, limit, pageString(got), pageString(want)))
 			}
 		}
 	}
-	// the window must not have moved while the cursors were read
-	if again, err := b.Read(ctx, "aged", &replay.Position{}, 1000); err != nil || pageString(again) != pageString(retained) {
-		t.Fatalf("the retained window moved during the test (%v): %s, then %s", err, pageString(retained), pageString(again))
+	again, err := b.Read(ctx, channel, &replay.Position{}, 1000)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return mismatches, pageString(again) != pageString(retained)
 }
