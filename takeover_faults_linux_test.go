@@ -324,44 +324,58 @@ func TestLoopStoppingSaysTheLastWordsOfAStreamToldToClose(t *testing.T) {
 // A stream whose history was rewritten (a failover) ends on the loop as on
 // net/http: what it wrote of its batch before the event that contradicts
 // it, then the end of its body; not a connection cut mid-body with those
-// events dropped. When the client's socket is full, the rest of the body
+// events dropped. A gap the history no longer covers ends it the same way,
+// found on the stream's goroutine (the loop hands such an event there,
+// errNeedsHistory). When the client's socket is full, the rest of the body
 // and its last chunk wait on a goroutine for the client, which has the
 // slow-client timeout to take them, as any write, not a close's one second
 // of last words (the client of a gap-ended stream is behind by definition).
 func TestLoopStreamEndedByItsHistoryEndsItsBody(t *testing.T) {
-	for _, ring := range []bool{false, true} {
-		for _, full := range []bool{false, true} {
-			t.Run(fmt.Sprintf("io_uring=%v,socket_full=%v", ring, full), func(t *testing.T) {
-				l, h := testLoop(t, ring), loopTestHandler()
-				h.SlowClientTimeout = caddy.Duration(10 * time.Second)
-				fd, peer := socketPair(t)
-				if full {
-					fillSocket(fd)
-				}
-				s := newStream(h, []string{"a"})
-				s.cursor[0].Pos = replay.Position{Epoch: 1, Seq: 1, Time: 100}
-				l.adopt(s, &tconn{loop: l, fd: int32(fd)})
-				s.Deliver(0, event(2, 200, "WRITTEN-BEFORE"))
-				s.Deliver(0, event(2, 300, "rewritten"))
-				l.serviceReady()
-				if !full {
+	causes := []struct {
+		name       string
+		contradict *replay.Event
+	}{
+		{"rewritten", event(2, 300, "contradicting")},
+		{"gap", event(5, 300, "contradicting")}, // the hub holds nothing of the channel
+	}
+	for _, cause := range causes {
+		for _, ring := range []bool{false, true} {
+			for _, full := range []bool{false, true} {
+				name := fmt.Sprintf("%s,io_uring=%v,socket_full=%v", cause.name, ring, full)
+				t.Run(name, func(t *testing.T) {
+					l, h := testLoop(t, ring), loopTestHandler()
+					h.hub = pubsub.NewMemoryHub()
+					h.ReplayLimit = 100
+					h.SlowClientTimeout = caddy.Duration(10 * time.Second)
+					fd, peer := socketPair(t)
+					if full {
+						fillSocket(fd)
+					}
+					s := newStream(h, []string{"a"})
+					s.cursor[0].Pos = replay.Position{Epoch: 1, Seq: 1, Time: 100}
+					l.adopt(s, &tconn{loop: l, fd: int32(fd)})
+					s.Deliver(0, event(2, 200, "WRITTEN-BEFORE"))
+					s.Deliver(0, cause.contradict)
+					l.serviceReady()
+					if full {
+						time.Sleep(2 * lastWordsTimeout) // the client reads again only now
+					}
+					got := readUntil(t, peer, "\r\n0\r\n\r\n")
+					if !strings.Contains(got, "data: WRITTEN-BEFORE\n") || strings.Contains(got, "contradicting") {
+						t.Fatalf("body ends %.300q", got[max(0, len(got)-300):])
+					}
+					if !full {
+						decodeChunks(t, got) // the whole body is well formed
+					}
+					if full || cause.name == "gap" {
+						waitReturned(t, l)
+						l.takeReturned()
+					}
 					if !s.tk.Load().ended.Load() {
 						t.Fatal("the stream did not end")
 					}
-					body := decodeChunks(t, readUntil(t, peer, "0\r\n\r\n"))
-					if !strings.Contains(body, "data: WRITTEN-BEFORE\n") || strings.Contains(body, "rewritten") {
-						t.Fatalf("body %q", body)
-					}
-					return
-				}
-				time.Sleep(2 * lastWordsTimeout) // the client reads again only now
-				got := readUntil(t, peer, "\r\n0\r\n\r\n")
-				if !strings.Contains(got, "data: WRITTEN-BEFORE\n") || strings.Contains(got, "rewritten") {
-					t.Fatalf("body ends %.300q", got[max(0, len(got)-300):])
-				}
-				waitReturned(t, l)
-				l.takeReturned()
-			})
+				})
+			}
 		}
 	}
 }
@@ -391,36 +405,5 @@ func TestLoopStoppingDoesNotSayTheLastWordsOfAStreamGivenBackTwice(t *testing.T)
 	}
 	if !s.tk.Load().ended.Load() {
 		t.Fatal("the stream was not ended")
-	}
-}
-
-// A gap found on the stream's goroutine — the loop hands an event that does
-// not follow the stream's position to it (errNeedsHistory), and the history
-// no longer covers the gap — ends the body as the loop does
-// (TestLoopStreamEndedByItsHistoryEndsItsBody): what it wrote, then the last
-// chunk, and the client has slow_client_timeout to take them, not a close's
-// one second of last words.
-func TestLoopStreamEndedByAGapOnItsGoroutineEndsItsBody(t *testing.T) {
-	l, h := testLoop(t, false), loopTestHandler()
-	h.hub = pubsub.NewMemoryHub() // holds nothing of the channel: the gap is not covered
-	h.ReplayLimit = 100
-	h.SlowClientTimeout = caddy.Duration(10 * time.Second)
-	fd, peer := socketPair(t)
-	fillSocket(fd)
-	s := newStream(h, []string{"a"})
-	s.cursor[0].Pos = replay.Position{Epoch: 1, Seq: 1, Time: 100}
-	l.adopt(s, &tconn{loop: l, fd: int32(fd)})
-	s.Deliver(0, event(2, 200, "WRITTEN-BEFORE"))
-	s.Deliver(0, event(5, 300, "after-a-gap"))
-	l.serviceReady()                 // writes seq 2, lends the stream for the gap
-	time.Sleep(2 * lastWordsTimeout) // the client reads again only now
-	got := readUntil(t, peer, "\r\n0\r\n\r\n")
-	if !strings.Contains(got, "data: WRITTEN-BEFORE\n") || strings.Contains(got, "after-a-gap") {
-		t.Fatalf("body ends %.300q", got[max(0, len(got)-300):])
-	}
-	waitReturned(t, l)
-	l.takeReturned()
-	if !s.tk.Load().ended.Load() {
-		t.Fatal("the stream did not end")
 	}
 }
