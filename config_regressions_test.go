@@ -100,6 +100,8 @@ func TestRedisPlaceholderResolvingToNothingInsideURLRefused(t *testing.T) {
 		{URL: "redis://{env." + unset + "}:7000/0"},
 		{Addresses: []string{"{env." + unset + "}:7000"}},
 		{Addresses: []string{"127.0.0.1:7000"}, TLS: &RedisTLS{ServerName: "{env." + unset + "}"}},
+		{Addresses: []string{"127.0.0.1:7000"}, Prefix: "{env." + unset + "}"},
+		{Addresses: []string{"127.0.0.1:26379"}, Sentinel: "{env." + unset + "}"},
 	} {
 		opts, err := rc.redisOptions()
 		if err == nil {
@@ -120,6 +122,27 @@ func TestRedisPlaceholderResolvingToNothingInsideURLRefused(t *testing.T) {
 	opts, err = (&RedisConfig{Addresses: []string{"127.0.0.1:7000"}, Password: "Xk{9fQ}p"}).redisOptions()
 	if err != nil || opts.Password != "Xk{9fQ}p" {
 		t.Fatalf("literal braces: password %q, error %v", opts.Password, err)
+	}
+}
+
+// The key prefix and the Sentinel master's name resolve their placeholders
+// as the other settings do. Unresolved, a prefix of {env.APP}: was taken as
+// written: instances meant to be apart shared their channels, and the
+// braces, a Redis Cluster hash tag, put every key in one slot. Braces left
+// in a prefix are refused for that reason.
+func TestRedisPrefixAndSentinelResolvePlaceholders(t *testing.T) {
+	const app = "CADDY_SSE_TEST_PREFIX_APP"
+	t.Setenv(app, "billing")
+	opts, err := (&RedisConfig{Addresses: []string{"127.0.0.1:26379"}, Prefix: "{env." + app + "}:",
+		Sentinel: "{env." + app + "}-primary"}).redisOptions()
+	if err != nil || opts.Prefix != "billing:" || opts.MasterName != "billing-primary" {
+		t.Fatalf("prefix %q, sentinel %q, error %v", opts.Prefix, opts.MasterName, err)
+	}
+	for _, prefix := range []string{"app{1}:", "{unknown.placeholder}:", "sse}"} {
+		_, err := (&RedisConfig{Addresses: []string{"127.0.0.1:7000"}, Prefix: prefix}).redisOptions()
+		if err == nil || !strings.Contains(err.Error(), "slot") {
+			t.Errorf("prefix %q: error %v, want a refusal of its braces", prefix, err)
+		}
 	}
 }
 

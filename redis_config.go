@@ -47,6 +47,7 @@ type RedisConfig struct {
 	Cluster bool `json:"cluster,omitempty"`
 
 	// Sentinel is the name of the master the Sentinels at Addresses watch.
+	// Placeholders are replaced at load.
 	Sentinel string `json:"sentinel,omitempty"`
 
 	// SentinelUsername is the ACL user the Sentinels themselves require,
@@ -76,7 +77,8 @@ type RedisConfig struct {
 
 	// Prefix starts every key and shard channel of this module. Default:
 	// "sse:". Handlers with different prefixes on one Redis do not see each
-	// other's events.
+	// other's events. Placeholders are replaced at load; braces are refused
+	// (Redis Cluster would hash every key by them into one slot).
 	Prefix string `json:"prefix,omitempty"`
 
 	// WaitReplicas makes a publish wait (Redis WAIT) until this many
@@ -150,7 +152,7 @@ type RedisTLS struct {
 func (c *RedisConfig) redisOptions() (pubsub.RedisOptions, error) {
 	repl := caddy.NewReplacer()
 	opts := pubsub.RedisOptions{
-		Cluster: c.Cluster, MasterName: c.Sentinel, Prefix: c.Prefix,
+		Cluster:      c.Cluster,
 		WaitReplicas: c.WaitReplicas, WaitTimeout: time.Duration(c.WaitTimeout),
 		PoolSize: c.PoolSize, DialTimeout: time.Duration(c.DialTimeout),
 		ReadTimeout: time.Duration(c.ReadTimeout), WriteTimeout: time.Duration(c.WriteTimeout),
@@ -158,6 +160,9 @@ func (c *RedisConfig) redisOptions() (pubsub.RedisOptions, error) {
 		MaxRetryBackoff: time.Duration(c.MaxRetryBackoff), CheckInterval: time.Duration(c.CheckInterval),
 	}
 	if err := c.applyCredentials(&opts, repl); err != nil {
+		return opts, err
+	}
+	if err := c.applyNames(&opts, repl); err != nil {
 		return opts, err
 	}
 	for _, a := range c.Addresses {
@@ -207,6 +212,25 @@ func (c *RedisConfig) applyCredentials(opts *pubsub.RedisOptions, repl *caddy.Re
 		*cred.resolved = resolved
 	}
 	return nil
+}
+
+// applyNames resolves the placeholders of the key prefix and of the
+// Sentinel master's name, as of the other settings: unresolved, a prefix of
+// {env.APP}: was taken as it is written — every instance sharing it whatever
+// APP said, and its braces a Redis Cluster hash tag.
+func (c *RedisConfig) applyNames(opts *pubsub.RedisOptions, repl *caddy.Replacer) error {
+	prefix, err := resolveAtLoad(repl, "prefix", c.Prefix)
+	if err != nil {
+		return err
+	}
+	if strings.ContainsAny(prefix, "{}") {
+		// Redis Cluster hashes a key by its first {…}: the prefix's would put
+		// every channel, lease and throttle in one slot, on one primary
+		return fmt.Errorf("redis: prefix %q must not hold { or }: Redis Cluster would hash every key by them into one slot", prefix)
+	}
+	opts.Prefix = prefix
+	opts.MasterName, err = resolveAtLoad(repl, "sentinel", c.Sentinel)
+	return err
 }
 
 // resolveAtLoad replaces the global placeholders of a setting. A
