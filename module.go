@@ -420,6 +420,7 @@ func (h *Handler) closeStreamsOnShutdown(ctx caddy.Context) bool {
 	}
 	streams := h.streams
 	srv.RegisterOnShutdown(func() { streams.closeAll(stopReason()) })
+	srv.RegisterConnContext(rememberConn)
 	return true
 }
 

@@ -1,8 +1,10 @@
 package caddysse
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"sync"
@@ -73,6 +75,37 @@ type httpStreamWriter struct {
 	mu      sync.Mutex
 	hurried bool // a deadline was set on the connection: end takes it back
 	ended   bool
+	// conn is the HTTP/2 connection the stream is on (nil on other
+	// protocols, or where it is not known). A deadline that passes resets
+	// an HTTP/2 stream with a frame written on that connection: a client
+	// that stopped reading the connection itself (not only withholding a
+	// stream's flow-control window) never lets the frame through, and the
+	// write waits for ever — no slow-client cut, and a stop that waits for
+	// the stream never ends. guard, armed with each deadline, closes conn
+	// when a call is still in flight stuckGrace after its deadline passed
+	// (breakIfStuck); deadline is the last one set.
+	conn     net.Conn
+	guard    *time.Timer
+	deadline time.Time
+}
+
+// stuckGrace is how long a write or flush may stay in flight past its
+// deadline before its HTTP/2 connection is deemed to take nothing at all
+// and is closed: a reset goes out in microseconds on a connection that
+// takes bytes.
+const stuckGrace = time.Second
+
+// connKey holds, in a connection's context, the connection itself
+// (rememberConn), for the streams of HTTP/2 connections.
+type connKey struct{}
+
+// rememberConn keeps c in its context (a caddyhttp.Server's ConnContext);
+// every sse handler of a server registers it, the first one does it.
+func rememberConn(ctx context.Context, c net.Conn) context.Context {
+	if ctx.Value(connKey{}) != nil {
+		return ctx
+	}
+	return context.WithValue(ctx, connKey{}, c)
 }
 
 // newHTTPStreamWriter prepares w for a long stream (SPEC S2): Caddy's
@@ -90,6 +123,9 @@ func newHTTPStreamWriter(w http.ResponseWriter, r *http.Request, timeout time.Du
 	}
 	// what net/http or Caddy set so far (the server's write timeout)
 	_ = sw.ctrl.SetWriteDeadline(time.Time{})
+	if r.ProtoMajor == 2 {
+		sw.conn, _ = r.Context().Value(connKey{}).(net.Conn)
+	}
 	return sw
 }
 
@@ -147,6 +183,48 @@ func (sw *httpStreamWriter) setDeadlineLocked(t time.Time) {
 	}
 	sw.hurried = true
 	_ = sw.ctrl.SetWriteDeadline(t)
+	if sw.conn != nil {
+		sw.deadline = t
+		if now := time.Now(); t.Before(now) {
+			sw.deadline = now // a cut: it passes now
+		}
+		sw.armGuardLocked(time.Until(sw.deadline) + stuckGrace)
+	}
+}
+
+func (sw *httpStreamWriter) armGuardLocked(after time.Duration) {
+	if sw.guard == nil {
+		sw.guard = time.AfterFunc(after, sw.breakIfStuck)
+		return
+	}
+	sw.guard.Reset(after)
+}
+
+// breakIfStuck closes the stream's HTTP/2 connection if a write or flush
+// has been in flight for stuckGrace while its deadline had passed that
+// long ago: the connection takes nothing (see conn). Every stream of that
+// connection is stuck as well then. Otherwise it looks again while the
+// stream has not ended.
+func (sw *httpStreamWriter) breakIfStuck() {
+	sw.mu.Lock()
+	defer sw.mu.Unlock()
+	if sw.ended {
+		return
+	}
+	if left := time.Until(sw.deadline.Add(stuckGrace)); left > 0 {
+		sw.armGuardLocked(left) // a later deadline was set meanwhile
+		return
+	}
+	since := sw.since.Load()
+	if since == 0 {
+		sw.armGuardLocked(stuckGrace) // nothing in flight: one may begin and wait
+		return
+	}
+	if left := time.Duration(since - 1 + int64(stuckGrace) - monoNanos()); left > 0 {
+		sw.armGuardLocked(left) // began after the deadline: give it the grace too
+		return
+	}
+	_ = sw.conn.Close()
 }
 
 // end is called on the handler's goroutine when the stream no longer
@@ -161,6 +239,9 @@ func (sw *httpStreamWriter) end() {
 	}
 	if sw.hurried {
 		_ = sw.ctrl.SetWriteDeadline(time.Time{})
+	}
+	if sw.guard != nil {
+		sw.guard.Stop()
 	}
 	sw.ended = true
 	if sw.idle != nil {
@@ -203,6 +284,8 @@ func (sw *httpStreamWriter) blockedSince() int64 { return sw.since.Load() - 1 }
 // slow-client timeout, if shorter).
 func (sw *httpStreamWriter) WriteLast(p []byte) error {
 	sw.setDeadline(time.Now().Add(min(sw.timeout, lastWordsTimeout)))
+	sw.since.Store(monoNanos() + 1) // in flight, for cut and breakIfStuck
+	defer sw.since.Store(0)
 	if _, err := sw.w.Write(p); err != nil {
 		return err
 	}
