@@ -537,6 +537,36 @@ func TestHeartbeatsKeepAStreamThroughAnIdleTimeout(t *testing.T) {
 	}
 }
 
+// "A `: heartbeat` comment whenever a stream has been silent this long"
+// (README): a user sets heartbeat a little under the idle timeout of the
+// load balancer in front (2 s under 2.3 s here), and the stream must never
+// be silent longer than that. The shared ticker runs at a quarter of the
+// interval; a stream it finds silent for a heartbeat minus one tick gets
+// its heartbeat then, so silence stays within the interval instead of
+// reaching it plus a tick (2.5 s here, 18.75 s with the default 15 s).
+func TestHeartbeatComesWithinItsInterval(t *testing.T) {
+	srv := startCaddy(t, `
+:{PORT} {
+	sse /events {
+		channel a
+		heartbeat 2s
+	}
+}
+`)
+	const idle = 2300 * time.Millisecond
+	proxy := startIdleCuttingProxy(t, srv.base[len("http://"):], idle)
+	c := openStream(t, proxy.url()+"/events", nil, nil)
+	if c.resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", c.resp.StatusCode)
+	}
+	began := time.Now()
+	select { // several heartbeats, each due before the proxy's timeout
+	case <-c.done:
+		t.Fatalf("the stream was cut as idle after %v with heartbeat 2s", time.Since(began).Round(time.Millisecond))
+	case <-time.After(4 * idle):
+	}
+}
+
 // Seed 003: "Fan-out must not block the ingestion pipeline". A subscriber
 // that stopped reading (its socket full, its queue overflowing) holds no
 // publish up: each is answered at once, long before the slow-client timeout

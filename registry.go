@@ -142,7 +142,8 @@ func (r *registry) stop() {
 
 // tick visits the streams periodically: see sweep. It runs at a quarter of
 // the shorter of the heartbeat interval and the slow-client timeout, so
-// either is acted on at most a quarter late.
+// a slow client is acted on at most a quarter late, and a heartbeat at
+// most a quarter early (never late: see sweep).
 func (r *registry) tick() {
 	t := time.NewTicker(r.tickInterval())
 	defer t.Stop()
@@ -168,12 +169,15 @@ func (r *registry) tickInterval() time.Duration {
 // has stayed full for the slow-client timeout, or whose socket took nothing
 // for that long (taken over), to close, and cuts a net/http write or flush
 // in flight for that long (it fails as a slow client's). It marks the
-// streams that have been silent for a heartbeat interval and wakes them;
-// each writes its heartbeat itself. A queue that overflowed before its
-// stream could write (while its history was read) counts from when the
-// stream was added.
+// streams that would be silent for a heartbeat interval before the next
+// sweep and wakes them; each writes its heartbeat itself. (Marking only
+// those silent for the interval already would have every idle stream
+// silent for the interval plus a tick: a heartbeat written just after one
+// sweep is not quite an interval old four sweeps later.) A queue that
+// overflowed before its stream could write (while its history was read)
+// counts from when the stream was added.
 func (r *registry) sweep(now time.Time) {
-	due := now.Add(-r.heartbeat).UnixNano()
+	due := now.Add(r.tickInterval() - r.heartbeat).UnixNano()
 	stuck := now.Add(-r.slow).UnixNano()
 	stuckCall := monoNanos() - int64(r.slow)
 	r.mu.Lock()
