@@ -539,7 +539,7 @@ func TestHeartbeatsKeepAStreamThroughAnIdleTimeout(t *testing.T) {
 
 // "A `: heartbeat` comment whenever a stream has been silent this long"
 // (README): a user sets heartbeat a little under the idle timeout of the
-// load balancer in front (2 s under 2.3 s here), and the stream must never
+// load balancer in front (2 s under 2.4 s here), and the stream must never
 // be silent longer than that. The shared ticker runs at a quarter of the
 // interval; a stream it finds silent for a heartbeat minus one tick gets
 // its heartbeat then, so silence stays within the interval instead of
@@ -553,7 +553,7 @@ func TestHeartbeatComesWithinItsInterval(t *testing.T) {
 	}
 }
 `)
-	const idle = 2300 * time.Millisecond
+	const idle = 2400 * time.Millisecond
 	proxy := startIdleCuttingProxy(t, srv.base[len("http://"):], idle)
 	c := openStream(t, proxy.url()+"/events", nil, nil)
 	if c.resp.StatusCode != http.StatusOK {
