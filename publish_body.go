@@ -10,6 +10,7 @@ import (
 	"mime/multipart"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -345,6 +346,9 @@ func readFormPublish(r *http.Request, mediaType string, limit int64) (*publishRe
 			return nil, readError(err)
 		}
 	}
+	if rej := unknownFormField(form, files); rej != nil {
+		return nil, rej
+	}
 	req := &publishRequest{channels: form["channel"], event: form.Get("event"), data: []byte(form.Get("data"))}
 	if len(form["event"]) > 1 || len(form["data"]) > 1 {
 		return nil, badRequest("body_invalid", "event and data may be given once")
@@ -358,6 +362,38 @@ func readFormPublish(r *http.Request, mediaType string, limit int64) (*publishRe
 		return nil, badRequest("data_invalid", "event and data must be valid UTF-8")
 	}
 	return req, nil
+}
+
+// unknownFormField refuses a form with a field other than channel, event
+// and data, as a JSON body is refused for one: ignored, a typo ("dat=") or
+// another hub's name for a field (Mercure's "type=") would publish the
+// event without it. A JSON body sent as a form (curl -d without a
+// Content-Type) is one such field: told so.
+func unknownFormField(form url.Values, files map[string][]*multipart.FileHeader) *rejection {
+	var unknown []string
+	for name := range form {
+		if !publishField(name) {
+			unknown = append(unknown, name)
+		}
+	}
+	for name := range files {
+		if !publishField(name) {
+			unknown = append(unknown, name)
+		}
+	}
+	if len(unknown) == 0 {
+		return nil
+	}
+	slices.Sort(unknown)
+	name := unknown[0]
+	if t := strings.TrimSpace(name); strings.HasPrefix(t, "{") || strings.HasPrefix(t, "[") {
+		return badRequest("body_invalid", "the form body looks like JSON: send it with Content-Type: application/json")
+	}
+	return badRequest("body_invalid", "unknown form field %q: a publish has only channel, event and data", name)
+}
+
+func publishField(name string) bool {
+	return name == "channel" || name == "event" || name == "data"
 }
 
 // fileData takes the data from a file part (`curl -F data=@event.json`);

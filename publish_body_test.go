@@ -204,3 +204,48 @@ func TestReadBodyReadsToTheEndWhateverTheAnnouncedSize(t *testing.T) {
 		t.Errorf("a body cut short: %v", err)
 	}
 }
+
+// A form publish has the fields channel, event and data only, as a JSON
+// one does: another field is refused, not ignored. Ignored, a typo
+// ("dat=") or another hub's name for a field (Mercure's "type=" for the
+// event type) published the event without it, and a JSON body sent as a
+// form (curl -d without a Content-Type) was refused as naming no channel.
+func TestAFormPublishWithAnUnknownFieldIsRefused(t *testing.T) {
+	h := &Handler{MaxChannels: DefaultMaxChannels, MaxEventSize: DefaultMaxEventSize}
+	multipartBody := func(fields [][2]string, file string) (string, []byte) {
+		var body bytes.Buffer
+		mw := multipart.NewWriter(&body)
+		for _, f := range fields {
+			_ = mw.WriteField(f[0], f[1])
+		}
+		if file != "" {
+			part, _ := mw.CreateFormFile(file, "x.json")
+			_, _ = part.Write([]byte("{}"))
+		}
+		_ = mw.Close()
+		return mw.FormDataContentType(), body.Bytes()
+	}
+	type request struct{ contentType, body, detail string }
+	cases := map[string]request{
+		"a typo":            {"application/x-www-form-urlencoded", "channel=a&dat=x", `"dat"`},
+		"mercure's type":    {"application/x-www-form-urlencoded", "channel=a&type=invoice&data=x", `"type"`},
+		"JSON sent as form": {"application/x-www-form-urlencoded", `{"channel":"a","data":"x"}`, "application/json"},
+	}
+	ct, body := multipartBody([][2]string{{"channel", "a"}, {"data", "x"}, {"id", "7"}}, "")
+	cases["multipart field"] = request{ct, string(body), `"id"`}
+	ct, body = multipartBody([][2]string{{"channel", "a"}}, "payload")
+	cases["multipart file"] = request{ct, string(body), `"payload"`}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			r := httptest.NewRequest(http.MethodPost, "/events", strings.NewReader(tc.body))
+			r.Header.Set("Content-Type", tc.contentType)
+			got, rej := h.readPublish(httptest.NewRecorder(), r)
+			if rej == nil {
+				t.Fatalf("accepted as %+v", got)
+			}
+			if rej.status != http.StatusBadRequest || rej.code != "body_invalid" || !strings.Contains(rej.detail, tc.detail) {
+				t.Fatalf("refused with %d %s %q, want 400 body_invalid naming %s", rej.status, rej.code, rej.detail, tc.detail)
+			}
+		})
+	}
+}
