@@ -49,6 +49,7 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, rej *rejection,
 	if retryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.FormatInt(wholeSeconds(retryAfter), 10))
 	}
+	discardUnreadBody(r)
 	inStream := h.inStream(r, rej)
 	h.metrics.rejection(rej.code)
 	h.logger.Debug("request refused",
@@ -63,6 +64,20 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, rej *rejection,
 	}
 	writeJSON(w, r, rej.status, errorBody{Error: rej.code, Detail: rej.detail})
 	return nil
+}
+
+// discardUnreadBody reads what is left of a refused request's body (up to
+// maxDrain) before the answer, as readPublish does for a body too large: a
+// request refused before its body is read (a wrong secret, a media type, a
+// method) may still be sending it, and net/http reads at most 256 KiB of a
+// body its handler left, then closes the connection with the rest unread,
+// which resets it: the client, still writing, sees the reset instead of
+// the refusal.
+func discardUnreadBody(r *http.Request) {
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
+		return
+	}
+	drainRefused(r.Body)
 }
 
 // methodNotAllowed answers a method the route does not serve.

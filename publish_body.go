@@ -67,24 +67,25 @@ func (h *Handler) readPublish(w http.ResponseWriter, r *http.Request) (*publishR
 	case mediaType == "application/x-www-form-urlencoded" || mediaType == "multipart/form-data":
 		req, rej = readFormPublish(r, mediaType, limit)
 	default:
-		return nil, &rejection{status: http.StatusUnsupportedMediaType, code: "unsupported_media_type", detail: "send application/json, application/x-www-form-urlencoded or multipart/form-data"}
+		rej = &rejection{status: http.StatusUnsupportedMediaType, code: "unsupported_media_type", detail: "send application/json, application/x-www-form-urlencoded or multipart/form-data"}
 	}
 	if rej != nil {
-		if rej.status == http.StatusRequestEntityTooLarge {
-			drainRefused(body)
-		}
+		// the refusal reads what is left of the body (discardUnreadBody):
+		// all of it, up to maxDrain, not only up to the limit
+		r.Body = body
 		return nil, rej
 	}
 	return req, h.validatePublish(req)
 }
 
-// maxDrain bounds what is read of a body refused as too large.
+// maxDrain bounds what is read of a refused body.
 const maxDrain = 8 << 20
 
-// drainRefused reads what is left of a body refused as too large (up to
-// maxDrain), so that the client, still sending it, gets the 413: net/http
-// closes the connection without reading the rest, and closing a socket
-// with unread data resets it, which the client may see before the answer.
+// drainRefused reads what is left of a refused body (up to maxDrain), so
+// that the client, still sending it, gets the refusal (a 413, a 401...):
+// net/http closes the connection without reading the rest, and closing a
+// socket with unread data resets it, which the client may see before the
+// answer.
 func drainRefused(body io.Reader) {
 	_, _ = io.Copy(io.Discard, io.LimitReader(body, maxDrain))
 }

@@ -409,3 +409,40 @@ func TestAPublishToMaxChannelsOfLongNamesIsAccepted(t *testing.T) {
 		t.Fatalf("%d ids for %d channels", len(ids), len(channels))
 	}
 }
+
+// A publish refused before its body is read (wrong secret, unsupported
+// media type, method) gets its answer even while the client is still
+// sending a large body, as a 413 does: net/http reads at most 256 KiB of
+// a body its handler left, then closes the connection with the rest
+// unread, which resets it, and the client (still writing) often saw the
+// reset instead of the refusal.
+func TestARefusalBeforeTheBodyIsReadIsAnswered(t *testing.T) {
+	srv := startCaddy(t, rejectSite)
+	body := `{"channel":"a","data":"` + strings.Repeat("x", 1<<20) + `"}`
+	cases := []struct {
+		name, method, path string
+		hdr                http.Header
+		status             int
+		code               string
+	}{
+		{"wrong secret", http.MethodPost, "/events", header("Content-Type", "application/json", "Authorization", "Bearer nope"), 401, "unauthorized"},
+		{"unsupported media type", http.MethodPost, "/events", header("Content-Type", "text/plain", "Authorization", "Bearer "+testSecret), 415, "unsupported_media_type"},
+		{"method not allowed", http.MethodPut, "/events", header("Content-Type", "application/json"), 405, "method_not_allowed"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			for range 20 {
+				req, err := http.NewRequest(tc.method, srv.base+tc.path, strings.NewReader(body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				req.Header = tc.hdr.Clone()
+				resp, err := requestClient.Do(req)
+				if err != nil {
+					t.Fatalf("no answer: %v", err)
+				}
+				assertError(t, resp, tc.status, tc.code)
+			}
+		})
+	}
+}
