@@ -359,8 +359,11 @@ func readFormPublish(r *http.Request, mediaType string, limit int64) (*publishRe
 			return nil, rej
 		}
 	}
-	if !utf8.ValidString(req.event) || !utf8.Valid(req.data) {
-		return nil, badRequest("data_invalid", "event and data must be valid UTF-8")
+	if !utf8.ValidString(req.event) {
+		return nil, badRequest("event_invalid", "the event type must be valid UTF-8")
+	}
+	if !utf8.Valid(req.data) {
+		return nil, badRequest("data_invalid", "data must be valid UTF-8")
 	}
 	return req, nil
 }

@@ -287,6 +287,7 @@ func TestPublishRejections(t *testing.T) {
 		{"megabytes too large", jsonHdr, `{"channel":"a","data":"` + strings.Repeat("x", 3<<20) + `"}`, 413, "event_too_large"},
 		{"no content type", header("Authorization", "Bearer "+testSecret), `{"channel":"a"}`, 415, "unsupported_media_type"},
 		{"form not utf-8", header("Content-Type", "application/x-www-form-urlencoded", "Authorization", "Bearer "+testSecret), "channel=a&data=%FF", 400, "data_invalid"},
+		{"form event not utf-8", header("Content-Type", "application/x-www-form-urlencoded", "Authorization", "Bearer "+testSecret), "channel=a&event=%FF&data=x", 400, "event_invalid"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
