@@ -176,6 +176,57 @@ func TestRedisFallbackLocal(t *testing.T) {
 	}
 }
 
+// With fallback local, a stream open through a Redis outage goes on once
+// Redis is back: the events Redis delivers then follow where the stream
+// was in the shared history, not the local events it wrote meanwhile. It
+// used to end at Redis' first event (a gap after the local position, which
+// no history holds), and its reconnect was told sse_truncated and given
+// the channel's kept history again, though it had missed nothing. A
+// reconnect with an id that includes a local event is still truncated
+// (TestRedisFallbackLocal); one with the id of a shared event after it is
+// not. Two outages in a row, as one.
+func TestRedisFallbackLocalStreamGoesOnOnceRedisIsBack(t *testing.T) {
+	rds := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
+	srv := startCaddy(t, redisSite(rds.URL(), "fallback local"))
+	c := srv.subscribe("/events?channels=a", nil)
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
+	srv.publish("/events", map[string]any{"channel": "a", "data": "r1"})
+	if ev := c.next(); ev.Data != "r1" {
+		t.Fatalf("got %+v", ev)
+	}
+	for outage := 1; outage <= 2; outage++ {
+		rds.Kill()
+		local := "local " + itoa(outage)
+		srv.publish("/events", map[string]any{"channel": "a", "data": local})
+		if ev := c.next(); ev.Data != local {
+			t.Fatalf("got %+v, want %q", ev, local)
+		}
+		rds.Restart()
+		rds.WaitShardSubscribers(t, "sse:{a}", 1)
+		shared := "r" + itoa(outage+1)
+		rds.MustCLI("FCALL", "sse_publish_v1", "1", "sse:{a}", "", shared) // a backend's publish
+		select {
+		case ev, open := <-c.events:
+			if !open || ev.Data != shared {
+				t.Fatalf("after outage %d the stream got %+v (open %v), want %q: it missed nothing", outage, ev, open, shared)
+			}
+			r := srv.subscribe("/events?channels=a", header("Last-Event-ID", ev.ID))
+			if r.resp.Header.Get("X-Replay-Truncated") == "true" {
+				t.Fatalf("a reconnect with the id of %q was told truncated", shared)
+			}
+			rds.MustCLI("FCALL", "sse_publish_v1", "1", "sse:{a}", "", "next")
+			if ev := r.next(); ev.Data != "next" {
+				t.Fatalf("the reconnect got %+v, want the next event alone", ev)
+			}
+			if ev := c.next(); ev.Data != "next" {
+				t.Fatalf("got %+v", ev)
+			}
+		case <-time.After(waitFor):
+			t.Fatalf("after outage %d the stream got nothing", outage)
+		}
+	}
+}
+
 func TestRedisConfigErrors(t *testing.T) {
 	cases := []struct{ name, redis, want string }{
 		{"malformed url", "redis ftp://nope", "malformed URL"},

@@ -251,6 +251,19 @@ type rareState struct {
 	// the full queue did not take (nil if none): no history has it, so
 	// the stream cannot catch up on it (see endAtLostLocal)
 	lostLocal []replay.Position
+	// beforeLocal holds, per slot, where the stream was in the shared
+	// history when it wrote its first fallback-local event of a run of
+	// them (nil if it wrote none): see noteLocal and leaveLocal
+	beforeLocal []sharedPosition
+}
+
+// sharedPosition is a stream's position in a channel's shared history,
+// kept while its cursor holds the fallback-local events it wrote after it.
+type sharedPosition struct {
+	pos       replay.Position // in the shared history
+	fresh     bool            // the slot was fresh (writeFresh)
+	lastLocal replay.Position // the last local event written after it
+	held      bool
 }
 
 // rareState returns the stream's rareState, making it if it has none.
@@ -282,6 +295,51 @@ func (s *stream) noteLost(slot int, ev *replay.Event) {
 		r.lostLocal = make([]replay.Position, len(s.keys))
 	}
 	r.lostLocal[slot] = ev.Pos
+}
+
+// noteLocal remembers, before the stream writes a fallback-local event of
+// slot (at local), where the stream is in the channel's shared history,
+// unless it wrote a local event there just before: the local events follow
+// no history, and once Redis delivers again its events follow that
+// position, not the local ones (leaveLocal).
+func (s *stream) noteLocal(slot int, local replay.Position) {
+	r := s.rareState()
+	if r.beforeLocal == nil {
+		r.beforeLocal = make([]sharedPosition, len(s.keys))
+	}
+	b := &r.beforeLocal[slot]
+	if !b.held || s.cursor[slot].Pos != b.lastLocal {
+		*b = sharedPosition{pos: s.cursor[slot].Pos, fresh: s.fresh.has(slot), held: true}
+	}
+	b.lastLocal = local
+}
+
+// leaveLocal puts a slot whose cursor holds the fallback-local events it
+// wrote last back where it was in the shared history before them, for an
+// event of that history (live, or read to fill a gap). Without it the
+// first event Redis delivered once back did not follow the local one: the
+// stream read the history after a local position, which no history has,
+// and ended as truncated — though it missed nothing, and its reconnect was
+// replayed the channel's kept history again. The local events stay in the
+// client's Last-Event-ID until the stream writes a shared one, so that a
+// reconnect meanwhile is told it was truncated (SPEC S9). A cursor moved
+// since by anything else (a degraded stream's start) is left alone.
+func (s *stream) leaveLocal(slot int) {
+	r := s.rare.Load()
+	if r == nil || r.beforeLocal == nil {
+		return
+	}
+	b := &r.beforeLocal[slot]
+	if !b.held {
+		return
+	}
+	if s.cursor[slot].Pos == b.lastLocal {
+		s.cursor[slot].Pos = b.pos
+		if b.fresh {
+			s.fresh.set(slot)
+		}
+	}
+	*b = sharedPosition{}
 }
 
 // resumeLive makes the stream take live events again after an overflow.
@@ -474,12 +532,14 @@ func (s *stream) queueFull(depth int) {
 // writeLive writes a live event unless the stream has written it already
 // (it was in the replay); a gap before it is filled from the history first.
 func (s *stream) writeLive(ctx context.Context, q queued) (bool, error) {
-	at := s.cursor[q.slot].Pos
 	if q.ev.Local {
 		// fallback local: no history to follow; its epoch makes any cursor
 		// that includes it truncated later
+		s.noteLocal(q.slot, q.ev.Pos)
 		return true, s.writeLiveEvent(q)
 	}
+	s.leaveLocal(q.slot)
+	at := s.cursor[q.slot].Pos
 	if s.fresh.has(q.slot) {
 		wrote, err, done := s.writeFresh(q, at)
 		if done {
@@ -554,6 +614,7 @@ func (s *stream) writeFresh(q queued, at replay.Position) (wrote bool, err error
 // and ending the stream would only have its reconnect replay the same
 // events, up to replay_limit.
 func (s *stream) repair(ctx context.Context, slot int) (bool, error) {
+	s.leaveLocal(slot)
 	at := s.cursor[slot].Pos
 	page, err := s.readHistory(ctx, slot, &at, s.catchUpLimit())
 	if err != nil {
