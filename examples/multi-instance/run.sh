@@ -5,7 +5,7 @@
 #
 #   examples/multi-instance/run.sh
 #
-# Needs redis-server and curl. Ports can be changed with REDIS_PORT,
+# Needs go, redis-server, redis-cli and curl. Ports can be changed with REDIS_PORT,
 # A_PORT, B_PORT, A_ADMIN, B_ADMIN. Everything it starts is stopped at the
 # end; it exits non-zero if delivery or resume does not work.
 set -euo pipefail
