@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -748,4 +750,53 @@ func (s *testServer) assertNotThrottledOnceItsStreamEnded() {
 		body, _ := io.ReadAll(resp.Body)
 		t.Fatalf("the client was throttled for leaving during a long batch: %d %s", resp.StatusCode, body)
 	}
+}
+
+// A client that stops reading is logged sse_queue_full when its queue
+// overflows, as README says (one warning per overflow episode), though its
+// writer, blocked on the client, never takes the queue that overflowed:
+// the warning was written only when the writer took it, so the usual slow
+// client — cut while its write is blocked — was never logged.
+func TestAClientThatStopsReadingIsLoggedAsQueueFull(t *testing.T) {
+	logFile := filepath.Join(t.TempDir(), "sse.log")
+	srv := startCaddy(t, `
+:{PORT} {
+	metrics /metrics
+	sse /events {
+		channel a
+		principal {query.user}
+		queue 16
+		max_event_size 64KiB
+		queue_bytes 1MiB
+		slow_client_timeout 1s
+		publish {
+			secret `+testSecret+`
+		}
+	}
+}
+`, sseLog(logFile))
+	resp, err := smallReceiveBuffer().Get(srv.base + "/events?user=slowpoke")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close() // never read
+	eventually(t, "the stream to open", func() bool { return metric(t, srv.scrape(), "caddy_sse_streams_open") == 1 })
+	payload := strings.Repeat("s", 60<<10)
+	deadline := time.Now().Add(waitFor)
+	for metric(t, srv.scrape(), "caddy_sse_slow_client_disconnects_total") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the client that reads nothing was not cut")
+		}
+		srv.publish("/events", map[string]any{"channel": "a", "data": payload})
+		time.Sleep(10 * time.Millisecond)
+	}
+	eventually(t, "sse_queue_full for the client", func() bool {
+		b, _ := os.ReadFile(logFile)
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.Contains(line, `"sse_queue_full"`) && strings.Contains(line, `"principal":"slowpoke"`) {
+				return true
+			}
+		}
+		return false
+	})
 }

@@ -71,17 +71,20 @@ type stream struct {
 	buf []byte
 	out streamWriter
 
-	mu        sync.Mutex
-	overflow  bool
-	begun     bool  // registered and counted (see begin, release)
-	shard     uint8 // the copy of the per-delivery metrics it writes: its event loop's, if it has one
-	beatDue   atomic.Bool
-	degraded  atomic.Bool // opened without its history; see degraded.go
-	uncounted uint32      // events written since the metrics last counted them (per flush)
-	pending   []queued
-	spare     []queued
-	queuedLen int64
-	dropped   int64 // live events not queued since the last count
+	mu       sync.Mutex
+	overflow bool
+	// overflowLogged: the writer logged the overflow under way (queueFull);
+	// the writer's, cleared with overflow under mu (resumeLive)
+	overflowLogged bool
+	begun          bool  // registered and counted (see begin, release)
+	shard          uint8 // the copy of the per-delivery metrics it writes: its event loop's, if it has one
+	beatDue        atomic.Bool
+	degraded       atomic.Bool // opened without its history; see degraded.go
+	uncounted      uint32      // events written since the metrics last counted them (per flush)
+	pending        []queued
+	spare          []queued
+	queuedLen      int64
+	dropped        int64 // live events not queued since the last count
 
 	lastWrite      atomic.Int64 // Unix nanoseconds of the last flush
 	closing        atomic.Pointer[closeNotice]
@@ -355,6 +358,7 @@ func (s *stream) resumeLive() []replay.Position {
 		return r.lostLocal
 	}
 	s.overflow = false
+	s.overflowLogged = false
 	s.overflowSince.Store(0)
 	return nil
 }
@@ -395,6 +399,15 @@ func (s *stream) writeID() error {
 	}
 	s.buf = wire.AppendID(s.buf[:0], s.ids.Encode(s.idEntries()))
 	return s.out.Write(s.buf)
+}
+
+// unloggedOverflow reports whether the queue overflowed without the writer
+// taking it since (a write blocked on a client that stopped reading, the
+// usual slow client), and how deep it is: the stream's end logs it then.
+func (s *stream) unloggedOverflow() (bool, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.overflow && !s.overflowLogged, len(s.pending)
 }
 
 // takeDropped returns how many live events were not queued since the last
@@ -518,8 +531,10 @@ func (s *stream) countDelivered() {
 }
 
 // queueFull logs the start of an overflow episode, once per episode: it is
-// seen here when the stream takes the queue that overflowed.
+// seen here when the stream takes the queue that overflowed, or when the
+// stream ends without having taken it (unloggedOverflow).
 func (s *stream) queueFull(depth int) {
+	s.overflowLogged = true
 	s.h.metrics.dropped(s.takeDropped())
 	s.h.logger.Warn("sse_queue_full",
 		zap.String("principal", s.who.principal),

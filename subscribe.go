@@ -182,6 +182,9 @@ func (s *stream) begin(replay bool, start startingPoint) {
 func (s *stream) finish(ctx context.Context, err error) {
 	h := s.h
 	s.countDelivered()
+	if unlogged, depth := s.unloggedOverflow(); unlogged {
+		s.queueFull(depth) // its writer never took the queue that overflowed
+	}
 	h.metrics.dropped(s.takeDropped())
 	if s.endedSlow(err) {
 		h.throttleSlowClient(ctx, s, s.who, s.lasted())
