@@ -661,3 +661,38 @@ func TestReloadAwayFromAHungRedisIsPrompt(t *testing.T) {
 		t.Errorf("goroutines: %d after closing the hub, %d before", n, base)
 	}
 }
+
+// A stream of a capped principal that opens while a reload replaces its
+// Redis hub (a connection setting changed) takes its lease as the old
+// hub's leases close: the lease reached Redis after they closed, and was
+// dropped without being removed. No stream held it, nobody renewed or
+// removed it, and the client, told server_closing, was refused 429
+// too_many_connections by it on the new config until it lapsed (lease_ttl)
+// — an EventSource gives up for good on a 429 (SPEC S8, S10).
+func TestALeaseTakenAsAReloadClosesItsHubIsGivenBack(t *testing.T) {
+	rds := redistest.Start(t)
+	proxy := startDelayingProxy(t, rds.Addr(), 400*time.Millisecond, "lease:")
+	site := func(pool int) string {
+		return cappedRetryNowSite("lease_ttl 10s\n\t\tredis {\n\t\t\turl redis://" + proxy.addr() + "\n\t\t\tpool_size " + itoa(pool) + "\n\t\t}")
+	}
+	srv := startCaddy(t, site(3))
+	warm := srv.subscribe("/events?user=w", nil) // the lease script is loaded
+	warm.comment("ok")
+	warm.close()
+	proxy.arm() // the next lease call is slow: it reaches Redis after the reload began
+	first := make(chan string, 1)
+	go func() {
+		status, err := reconnectOnce(srv.port, "/events?user=u")
+		first <- fmt.Sprint(status, err)
+	}()
+	<-proxy.stalled
+	time.Sleep(50 * time.Millisecond)
+	srv.reload(site(4)) // a new hub: the old one closes while the lease is on its way
+	proxy.armed.Store(false)
+	t.Logf("the stream opening during the reload: %s", <-first)
+	time.Sleep(500 * time.Millisecond) // the slowed call has reached Redis
+	if status, err := reconnectOnce(srv.port, "/events?user=u"); err != nil || status != "200" {
+		t.Errorf("the principal (cap 1, no stream open) after the reload: %s %v, want 200; its leases in Redis: %s",
+			status, err, rds.MustCLI("ZRANGE", "sse:lease:{u}", "0", "-1"))
+	}
+}

@@ -41,6 +41,10 @@ type RedisLeases struct {
 	stop          chan struct{}
 	done          chan struct{}
 	closed        bool
+	// calls counts the Acquires under way (added to under mu while not
+	// closed): Close waits for them, since each may have taken a lease in
+	// Redis that only this instance knows to remove
+	calls sync.WaitGroup
 }
 
 type redisLease struct {
@@ -146,6 +150,14 @@ func (r *RedisLeases) Acquire(ctx context.Context, principal string, limit int, 
 	}
 	l := &redisLease{of: r, key: r.key(principal), principal: principal, ttl: ttl,
 		member: r.instance + ":" + strconv.FormatUint(r.seq.Add(1), 36)}
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil, ErrClosed // a lease taken now would have nobody to remove it
+	}
+	r.calls.Add(1)
+	r.mu.Unlock()
+	defer r.calls.Done()
 	ctx, cancel, err := r.b.admissionCall(ctx, l.key)
 	defer cancel()
 	if err != nil {
@@ -174,9 +186,11 @@ func (r *RedisLeases) Acquire(ctx context.Context, principal string, limit int, 
 		// Redis may have run the call whose reply never came (a timeout, a
 		// dropped connection, the client gone): its lease, which no stream
 		// holds, would count against the principal for its ttl
+		// (once the leases are closed, Close removes it: it waits for this
+		// call)
 		r.mu.Lock()
+		r.released.add(l)
 		if !r.closed {
-			r.released.add(l)
 			r.maintainLocked(ttl)
 		}
 		r.mu.Unlock()
@@ -189,6 +203,12 @@ func (r *RedisLeases) Acquire(ctx context.Context, principal string, limit int, 
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
+		// the leases closed while the call ran (a reload replaced the hub
+		// while a stream opened): the lease is in Redis, and no stream will
+		// hold it. Close, which waits for this call, removes it; dropped, it
+		// would count against the principal on every instance until it
+		// lapsed
+		r.released.add(l)
 		return nil, ErrClosed
 	}
 	r.held[l] = struct{}{}
@@ -608,7 +628,8 @@ func (r *RedisLeases) Holders(principals []string) []string {
 const closeFlushWait = time.Second
 
 // Close releases every lease (best effort, see closeFlushWait) and stops
-// the renewals.
+// the renewals. It waits, within the same bound, for the Acquires under
+// way: a lease one of them took in Redis is removed with the others.
 func (r *RedisLeases) Close() {
 	r.mu.Lock()
 	if r.closed {
@@ -621,19 +642,31 @@ func (r *RedisLeases) Close() {
 	}
 	r.held = map[*redisLease]struct{}{}
 	r.heldBy = map[string][]*redisLease{}
-	running := r.running
+	running := r.running // maintain cannot start once closed
 	r.mu.Unlock()
+	bound, cancel := context.WithTimeout(context.Background(), closeFlushWait)
+	defer cancel()
+	calls := make(chan struct{})
+	go func() {
+		r.calls.Wait()
+		close(calls)
+	}()
+	select {
+	case <-calls:
+	case <-bound.Done():
+		// a Redis that hangs: what those calls took lapses within its ttl
+	}
 	close(r.stop)
-	if running {
-		t := time.NewTimer(closeFlushWait)
-		defer t.Stop()
-		select {
-		case <-r.done:
-		case <-t.C:
-			r.b.log().Warn("giving connection leases back takes too long; they lapse within their ttl")
-		}
-	} else {
-		r.flushReleases()
+	if !running {
+		go func() {
+			r.flushReleases()
+			close(r.done)
+		}()
+	}
+	select {
+	case <-r.done:
+	case <-bound.Done():
+		r.b.log().Warn("giving connection leases back takes too long; they lapse within their ttl")
 	}
 }
 

@@ -304,3 +304,77 @@ func TestRedisLeaseLostWhileRedisWasAwayIsPutBackWhenItAnswers(t *testing.T) {
 		}
 	}
 }
+
+// holdLeaseReply holds the reply of the lease script, once Redis has run it,
+// until released: an Acquire under way when its leases close.
+type holdLeaseReply struct {
+	passThrough
+	armed   atomic.Bool
+	held    chan struct{} // closed once a reply is held
+	release chan struct{}
+}
+
+func (h *holdLeaseReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if name := cmd.Name(); (name == "evalsha" || name == "eval") && err == nil && h.armed.CompareAndSwap(true, false) {
+			close(h.held)
+			<-h.release
+		}
+		return err
+	}
+}
+
+// An Acquire under way when the leases close (a reload that replaces the
+// hub while a stream of a capped principal opens) took its lease in Redis.
+// Close used to go on without it, and the Acquire, finding the leases
+// closed, dropped the lease without removing it: no stream held it, nobody
+// renewed or removed it, and it counted against the principal on every
+// instance until it lapsed (lease_ttl) — a principal at a cap of 1 was
+// refused 429 by a lease of nothing. Close waits (within its bound) for
+// Acquires under way and removes what they took.
+func TestRedisLeaseTakenWhileTheLeasesCloseIsRemoved(t *testing.T) {
+	for _, warm := range []bool{false, true} { // no renewal loop yet, or one running
+		srv := redistest.Start(t)
+		b := newTestRedis(t, srv)
+		hook := &holdLeaseReply{held: make(chan struct{}), release: make(chan struct{})}
+		b.client.AddHook(hook)
+		r := NewRedisLeases(b)
+		ctx := context.Background()
+		// load the script (and, if warm, start the renewals)
+		if l, err := r.Acquire(ctx, "w", 1, 5*time.Second); err != nil {
+			t.Fatal(err)
+		} else if !warm {
+			l.Release()
+			r.flushReleases()
+		}
+		hook.armed.Store(true)
+		acquired := make(chan error, 1)
+		go func() {
+			_, err := r.Acquire(ctx, "p", 1, 5*time.Second)
+			acquired <- err
+		}()
+		<-hook.held // Redis holds the lease now
+		closed := make(chan struct{})
+		go func() {
+			r.Close()
+			close(closed)
+		}()
+		time.Sleep(100 * time.Millisecond) // Close is under way
+		close(hook.release)
+		<-closed
+		if err := <-acquired; err == nil {
+			t.Errorf("warm %v: Acquire under way when the leases closed succeeded", warm)
+		}
+		if n := srv.MustCLI("ZCARD", "sse:lease:{p}"); n != "0" {
+			t.Errorf("warm %v: the lease taken while the leases closed is still in Redis (%s members): no stream holds it, and it counts against the principal until it lapses", warm, n)
+		}
+		// an Acquire after Close takes nothing
+		if _, err := r.Acquire(ctx, "q", 1, 5*time.Second); !errors.Is(err, ErrClosed) {
+			t.Errorf("warm %v: Acquire after Close: %v, want ErrClosed", warm, err)
+		}
+		if n := srv.MustCLI("ZCARD", "sse:lease:{q}"); n != "0" {
+			t.Errorf("warm %v: an Acquire after Close took a lease in Redis (%s members)", warm, n)
+		}
+	}
+}
