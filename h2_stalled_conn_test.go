@@ -1,51 +1,25 @@
 package caddysse
 
 import (
-	"bytes"
-	"io"
 	"net"
 	"net/http"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
+	"github.com/caddy-sse/caddy-sse/internal/h2stall"
 )
 
-// dialH2TCPStalled opens an h2c connection with a tiny receive buffer,
-// grants the server the largest flow-control windows (so that only TCP can
-// hold it back), opens a stream of path and then never reads the socket:
-// a client that stopped reading the connection itself, not only one
-// stream.
+// dialH2TCPStalled opens an h2c stream of path on a connection it then
+// never reads (h2stall).
 func dialH2TCPStalled(t *testing.T, addr, path string) net.Conn {
 	t.Helper()
-	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
-		return c.Control(func(fd uintptr) {
-			_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
-		})
-	}}
-	conn, err := d.Dial("tcp", addr)
+	conn, err := h2stall.Dialer().Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	if _, err := io.WriteString(conn, http2.ClientPreface); err != nil {
-		t.Fatal(err)
-	}
-	fr := http2.NewFramer(conn, conn)
-	_ = fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1<<31 - 1})
-	_ = fr.WriteSettingsAck()
-	_ = fr.WriteWindowUpdate(0, 1<<31-1-65535)
-	var buf bytes.Buffer
-	enc := hpack.NewEncoder(&buf)
-	for _, kv := range [][2]string{{":method", "GET"}, {":scheme", "http"}, {":authority", "x"}, {":path", path}} {
-		_ = enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
-	}
-	if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: buf.Bytes(), EndStream: true, EndHeaders: true}); err != nil {
-		t.Fatal(err)
-	}
+	h2stall.OpenStream(t, conn, "http", "x", path)
 	return conn
 }
 

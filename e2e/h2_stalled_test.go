@@ -1,31 +1,22 @@
 package e2e
 
 import (
-	"bytes"
 	"crypto/tls"
 	"fmt"
-	"io"
 	"net"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
+	"github.com/caddy-sse/caddy-sse/internal/h2stall"
 )
 
-// dialStalledH2 opens an HTTP/2-over-TLS connection with a tiny receive
-// buffer, grants a huge flow-control window, opens one stream of path,
-// reads up to its response headers, then never reads the socket again.
+// dialStalledH2 opens an HTTP/2-over-TLS stream of path on a connection it
+// then never reads (h2stall).
 func dialStalledH2(t *testing.T, addr, path string) net.Conn {
 	t.Helper()
-	d := &net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
-		return c.Control(func(fd uintptr) {
-			_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
-		})
-	}}
-	conn, err := tls.DialWithDialer(d, "tcp", addr, &tls.Config{InsecureSkipVerify: true, ServerName: "localhost", NextProtos: []string{"h2"}})
+	conn, err := tls.DialWithDialer(h2stall.Dialer(), "tcp", addr, &tls.Config{InsecureSkipVerify: true, ServerName: "localhost", NextProtos: []string{"h2"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,19 +24,7 @@ func dialStalledH2(t *testing.T, addr, path string) net.Conn {
 	if conn.ConnectionState().NegotiatedProtocol != "h2" {
 		t.Fatalf("negotiated %q", conn.ConnectionState().NegotiatedProtocol)
 	}
-	_, _ = io.WriteString(conn, http2.ClientPreface)
-	fr := http2.NewFramer(conn, conn)
-	_ = fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1<<31 - 1})
-	_ = fr.WriteSettingsAck()
-	_ = fr.WriteWindowUpdate(0, 1<<31-1-65535)
-	var buf bytes.Buffer
-	enc := hpack.NewEncoder(&buf)
-	for _, kv := range [][2]string{{":method", "GET"}, {":scheme", "https"}, {":authority", "localhost"}, {":path", path}} {
-		_ = enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
-	}
-	if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: buf.Bytes(), EndStream: true, EndHeaders: true}); err != nil {
-		t.Fatal(err)
-	}
+	h2stall.OpenStream(t, conn, "https", "localhost", path)
 	return conn
 }
 
