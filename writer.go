@@ -87,12 +87,22 @@ type httpStreamWriter struct {
 	conn     net.Conn
 	guard    *time.Timer
 	deadline time.Time
+	// acked is what the connection's peer had acknowledged (connAcked) at
+	// ackedAt, when the deadline was set or breakIfStuck last looked;
+	// ackedOK if it could be read. A connection whose peer acknowledges bytes is not
+	// stuck, only slow and full: a large response on it (another stream)
+	// holds the frame writer, and the reset waits behind its frame.
+	acked   uint64
+	ackedAt time.Time
+	ackedOK bool
 }
 
 // stuckGrace is how long a write or flush may stay in flight past its
-// deadline before its HTTP/2 connection is deemed to take nothing at all
-// and is closed: a reset goes out in microseconds on a connection that
-// takes bytes.
+// deadline, with the peer acknowledging nothing meanwhile, before its
+// HTTP/2 connection is deemed to take nothing at all and is closed. A
+// connection that takes bytes may still hold the reset that long: it goes
+// out after the frame being written, which waits for room in a full send
+// buffer (seconds, on a slow link carrying a large response).
 const stuckGrace = time.Second
 
 // connKey holds, in a connection's context, the connection itself
@@ -188,6 +198,8 @@ func (sw *httpStreamWriter) setDeadlineLocked(t time.Time) {
 		if now := time.Now(); t.Before(now) {
 			sw.deadline = now // a cut: it passes now
 		}
+		sw.acked, sw.ackedOK = connAcked(sw.conn)
+		sw.ackedAt = time.Now()
 		sw.armGuardLocked(time.Until(sw.deadline) + stuckGrace)
 	}
 }
@@ -202,9 +214,10 @@ func (sw *httpStreamWriter) armGuardLocked(after time.Duration) {
 
 // breakIfStuck closes the stream's HTTP/2 connection if a write or flush
 // has been in flight for stuckGrace while its deadline had passed that
-// long ago: the connection takes nothing (see conn). Every stream of that
-// connection is stuck as well then. Otherwise it looks again while the
-// stream has not ended.
+// long ago, and the peer acknowledged nothing for that long: the
+// connection takes nothing (see conn). Every stream of that connection is
+// stuck as well then. Otherwise it looks again while the stream has not
+// ended.
 func (sw *httpStreamWriter) breakIfStuck() {
 	sw.mu.Lock()
 	defer sw.mu.Unlock()
@@ -224,7 +237,41 @@ func (sw *httpStreamWriter) breakIfStuck() {
 		sw.armGuardLocked(left) // began after the deadline: give it the grace too
 		return
 	}
+	if sw.takesBytesLocked() {
+		// the reset goes out once the frame being written before it has (a
+		// slow link, full buffers); closing would cut the connection's
+		// other streams
+		sw.armGuardLocked(stuckGrace)
+		return
+	}
 	_ = sw.conn.Close()
+}
+
+// minProgress is what the peer of a connection must acknowledge in
+// stuckGrace for the connection to count as taking bytes: a frame. One
+// that takes less (a client reading a trickle) would hold a stop for as
+// long as it likes.
+const minProgress = 16 << 10
+
+// takesBytesLocked reports whether the stream's connection is slow rather
+// than stuck: its peer acknowledged minProgress a stuckGrace since the
+// count was taken, and
+// the write has not been past its deadline for longer than a write may
+// block (the slow-client timeout). It takes the count for the next look.
+func (sw *httpStreamWriter) takesBytesLocked() bool {
+	acked, ok := connAcked(sw.conn)
+	if !ok || !sw.ackedOK {
+		return false
+	}
+	// minProgress per stuckGrace since the count was taken (at the
+	// deadline, or the last look)
+	elapsed := min(time.Since(sw.ackedAt), time.Hour)
+	moved := acked-sw.acked >= uint64(max(elapsed*minProgress/stuckGrace, minProgress))
+	sw.acked, sw.ackedAt = acked, time.Now()
+	if sw.timeout > 0 && time.Since(sw.deadline) >= sw.timeout {
+		return false
+	}
+	return moved
 }
 
 // end is called on the handler's goroutine when the stream no longer
