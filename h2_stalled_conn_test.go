@@ -13,9 +13,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddy-sse/caddy-sse/internal/h2stall"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+
+	"github.com/caddy-sse/caddy-sse/internal/h2stall"
 )
 
 // dialH2TCPStalled opens an h2c stream of path on a connection it then
