@@ -74,10 +74,20 @@ func (m *Memory) Watch(channel string) {
 }
 
 // Unwatch notes that the hub has no subscriber left on channel.
+//
+// Only a channel with a history is noted in left: one nobody has
+// published to has no head to keep (an event published to it later is
+// newer than the leave), and clients name the channels of their streams
+// (public:{query.topics}), so noting every one let a client fill left with
+// millions of names between two sweeps. The log is asked before watchMu
+// is taken: the sweep takes the log's locks, then watchMu.
 func (m *Memory) Unwatch(channel string) {
+	kept := m.log.Holds(channel)
 	m.watchMu.Lock()
 	delete(m.watched, channel)
-	m.left[channel] = time.Now()
+	if kept {
+		m.left[channel] = time.Now()
+	}
 	m.watchMu.Unlock()
 }
 

@@ -220,6 +220,14 @@ func (r *ring) forgettable(now time.Time) bool {
 	return now.UnixMilli()-max(r.head.Time, r.watched) > keep.Milliseconds()
 }
 
+// Holds reports whether the log keeps channel's history (or head).
+func (m *Memory) Holds(channel string) bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	_, ok := m.channels[channel]
+	return ok
+}
+
 // Stats returns how many channels and events the log holds and their bytes.
 func (m *Memory) Stats() (channels, events int, bytes int64) {
 	m.mu.RLock()
