@@ -107,7 +107,6 @@ func NewRedis(opts RedisOptions, deliver DeliverFunc) (*Redis, error) {
 	close(b.cameBack) // it answers, as far as anyone knows
 	b.quit = make(chan struct{})
 	b.local.epoch = newLocalEpoch()
-	b.local.seqs = make(map[string]uint64)
 	b.watch = newWatcher(b)
 	return b, nil
 }
@@ -771,17 +770,23 @@ func fallbackLocalFrom(ctx context.Context) bool {
 // localFallback delivers events to this instance alone while Redis is
 // unreachable (fallback local): under an epoch of its own, so any cursor
 // that includes such an event is answered as truncated later.
+//
+// Their seqs come from one counter for every channel: each channel's
+// still rise (no history follows them, so nothing needs them one apart),
+// and nothing is kept per channel. A count per channel, never forgotten,
+// let a publisher grow the instance by some 200 bytes for every channel
+// name it published to while Redis was away.
 type localFallback struct {
-	mu    sync.Mutex
+	mu    sync.Mutex // held across deliver: a channel's events in seq order
 	epoch uint32
-	seqs  map[string]uint64
+	seq   uint64
 }
 
 func (l *localFallback) publish(channel string, msg Message, deliver DeliverFunc) replay.Position {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.seqs[channel]++
-	pos := replay.Position{Epoch: l.epoch, Seq: l.seqs[channel], Time: time.Now().UnixMilli()}
+	l.seq++
+	pos := replay.Position{Epoch: l.epoch, Seq: l.seq, Time: time.Now().UnixMilli()}
 	ev, _ := encodeEvent(pos, msg.Type, string(msg.Data))
 	ev.Local = true
 	deliver(channel, ev)
