@@ -43,6 +43,20 @@ func validateChannelName(name string) error {
 	return nil
 }
 
+// validateChannel checks a channel name as this handler names it: valid,
+// and no longer than a channel name may be once namespaced (SPEC S1 bounds
+// the name events are published to). A namespaced route used to take 200
+// bytes before its namespace, a channel no route without one could name.
+func (h *Handler) validateChannel(name string) error {
+	if err := validateChannelName(name); err != nil {
+		return err
+	}
+	if h.Namespace != "" && len(h.Namespace)+1+len(name) > MaxChannelNameLen {
+		return fmt.Errorf("channel name longer than %d bytes with its namespace %q", MaxChannelNameLen, h.Namespace+":")
+	}
+	return nil
+}
+
 // validateNamespace checks a namespace: a valid channel name without ':'
 // (it is followed by one in every channel it prefixes).
 func validateNamespace(ns string) error {
@@ -70,7 +84,7 @@ func (h *Handler) resolveChannels(r *http.Request, repl *caddy.Replacer) ([]stri
 	seen := make(map[string]struct{}, len(h.channelTemplates))
 	add := func(name string) *rejection {
 		name = strings.TrimSpace(name)
-		if err := validateChannelName(name); err != nil {
+		if err := h.validateChannel(name); err != nil {
 			return &rejection{status: 400, code: "channel_invalid", detail: err.Error()}
 		}
 		if len(names) > h.MaxChannels {

@@ -434,7 +434,7 @@ func (h *Handler) validatePublish(req *publishRequest) *rejection {
 	seen := make(map[string]bool, len(req.channels))
 	unique := req.channels[:0:0]
 	for _, c := range req.channels {
-		if err := validateChannelName(c); err != nil {
+		if err := h.validateChannel(c); err != nil {
 			return badRequest("channel_invalid", "%q: %v", c, err)
 		}
 		if !seen[c] {

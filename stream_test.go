@@ -236,3 +236,48 @@ func TestNamespacesKeepChannelsApart(t *testing.T) {
 		t.Fatalf("all got %+v", ev)
 	}
 }
+
+// A namespaced channel is bounded with its namespace (SPEC S1: the name
+// events are published to is at most 200 bytes): a route with namespace x
+// took 200 bytes before "x:", a channel that a route without a namespace,
+// which names it "x:<name>", refused as too long. Both refuse it now, to
+// subscribe and to publish, and both take the longest name they share.
+func TestANamespacedChannelIsBoundedWithItsNamespace(t *testing.T) {
+	srv := startCaddy(t, `
+:{PORT} {
+	sse /x/events {
+		namespace x
+		channel {query.channels}
+		publish {
+			secret `+testSecret+`
+		}
+	}
+	sse /all/events {
+		channel {query.channels}
+		publish {
+			secret `+testSecret+`
+		}
+	}
+}
+`)
+	tooLong, longest := strings.Repeat("c", 199), strings.Repeat("c", 198)
+	for _, tc := range []struct{ path, channel string }{{"/x/events", tooLong}, {"/all/events", "x:" + tooLong}} {
+		resp, err := http.Get(srv.base + tc.path + "?channels=" + tc.channel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("subscribe %s to a channel of 201 bytes with its namespace: %d, want 400", tc.path, resp.StatusCode)
+		}
+		status, body := srv.post(tc.path, "application/json", mustJSON(t, map[string]any{"channel": tc.channel, "data": "d"}), nil)
+		if status != http.StatusBadRequest || !strings.Contains(string(body), "channel_invalid") {
+			t.Errorf("publish on %s to a channel of 201 bytes with its namespace: %d %s", tc.path, status, body)
+		}
+	}
+	x := srv.subscribe("/x/events?channels="+longest, nil)
+	srv.publish("/all/events", map[string]any{"channel": "x:" + longest, "data": "shared"})
+	if ev := x.next(); ev.Data != "shared" {
+		t.Fatalf("got %+v", ev)
+	}
+}
