@@ -458,6 +458,11 @@ func (h *Handler) Validate() error {
 		if err := checkChannelTemplate(tmpl); err != nil {
 			return err
 		}
+		for _, item := range constantItems(tmpl) {
+			if err := h.validateChannel(strings.TrimSpace(item)); err != nil {
+				return fmt.Errorf("channel %q: %v", tmpl, err) // with the namespace: refused at every request
+			}
+		}
 	}
 	if h.Principal != "" && strings.TrimSpace(h.Principal) == "" {
 		return errors.New("principal: empty template")

@@ -275,6 +275,12 @@ func TestANamespacedChannelIsBoundedWithItsNamespace(t *testing.T) {
 			t.Errorf("publish on %s to a channel of 201 bytes with its namespace: %d %s", tc.path, status, body)
 		}
 	}
+	// a channel of the template's own text is checked at load
+	h := validHandler()
+	h.Namespace, h.Channels = "x", []string{tooLong}
+	if err := h.Validate(); err == nil || !strings.Contains(err.Error(), "namespace") {
+		t.Errorf("a constant channel of 201 bytes with its namespace: %v, want a config error", err)
+	}
 	x := srv.subscribe("/x/events?channels="+longest, nil)
 	srv.publish("/all/events", map[string]any{"channel": "x:" + longest, "data": "shared"})
 	if ev := x.next(); ev.Data != "shared" {
