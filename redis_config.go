@@ -264,6 +264,9 @@ func applyURL(opts *pubsub.RedisOptions, raw string) error {
 	}
 	if parsed, err := url.Parse(raw); err == nil && parsed.Scheme == "unix" && parsed.Host != "" {
 		// go-redis would ignore the host: unix://run/redis.sock is /redis.sock
+		if mayQuotePassword(raw) {
+			return errors.New("redis: a unix:// URL takes an absolute path and no host: unix://[user[:password]@]/path/to/redis.sock")
+		}
 		return fmt.Errorf("redis: a unix:// URL takes an absolute path and no host: unix:///%s%s", parsed.Host, parsed.Path)
 	}
 	if parsed, err := url.Parse(raw); err == nil && parsed.RawQuery != "" {
@@ -277,6 +280,14 @@ func applyURL(opts *pubsub.RedisOptions, raw string) error {
 		var uerr *url.Error
 		if errors.As(err, &uerr) {
 			err = uerr.Err
+		}
+		if mayQuotePassword(raw) {
+			// and so may the reason: an unescaped / # or ? in the password
+			// ends the host there, so that the password's start is read as
+			// a port ("invalid port \":pass\" after host") and its rest as
+			// the path (go-redis: "invalid database number: \"word@host\"")
+			return errors.New("redis: malformed URL (the reason is left out, as it could quote the password): " +
+				"percent-encode the password's reserved characters (/ # ? @ % : and spaces), or give it in the password setting")
 		}
 		return fmt.Errorf("redis: malformed URL: %v", err)
 	}
@@ -293,6 +304,12 @@ func applyURL(opts *pubsub.RedisOptions, raw string) error {
 	}
 	return nil
 }
+
+// mayQuotePassword reports whether a URL that does not parse may hold a
+// password that its error or its echo would quote: one with an '@'. Where
+// its authority ends cannot be told from a malformed URL, so the userinfo
+// cannot be cut out of it.
+func mayQuotePassword(raw string) bool { return strings.Contains(raw, "@") }
 
 func (c *RedisConfig) applyTLS(opts *pubsub.RedisOptions) error {
 	if c.TLS == nil {
