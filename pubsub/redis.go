@@ -636,6 +636,8 @@ func (b *Redis) unavailable(err error) error {
 // isUnavailable reports whether err is a failure to reach Redis rather than
 // an answer from it. A cancelled context is neither: the caller gave up (a
 // publisher that disconnected), and what it sent may be in Redis already.
+// A refused authentication is a failure to reach it: nothing can be asked
+// on a connection that Redis did not let in.
 func isUnavailable(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) {
 		return false
@@ -644,7 +646,21 @@ func isUnavailable(err error) bool {
 		return true
 	}
 	var rerr redis.Error
-	return !errors.As(err, &rerr) && !errors.Is(err, redis.Nil)
+	if !errors.As(err, &rerr) {
+		return !errors.Is(err, redis.Nil)
+	}
+	return isAuthRefused(rerr)
+}
+
+// isAuthRefused reports whether Redis refused the connection's
+// authentication (a wrong or missing password, a disabled user). The
+// connection's setup fails with that reply, so it is a redis.Error like an
+// answer to a command: taken as one, each refused call marked Redis up and
+// the subscriber's refused connection marked it down again, which logged
+// "redis is unreachable" and "redis is reachable again" for every request.
+func isAuthRefused(rerr redis.Error) bool {
+	msg := rerr.Error()
+	return strings.HasPrefix(msg, "WRONGPASS") || strings.HasPrefix(msg, "NOAUTH")
 }
 
 // setUp records whether Redis answers, logging each transition once.
