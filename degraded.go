@@ -84,16 +84,17 @@ func (s *stream) idEntries() []replay.ChannelPosition {
 // ACL), the broker logs that itself, rate-limited: each stream is logged
 // at debug level only.
 func (s *stream) writeDegraded() error {
-	level, msg := zap.WarnLevel, "stream opened without history: the backend is unreachable"
 	var cause error
 	if r := s.rare.Load(); r != nil {
 		cause = r.cause
 	}
 	if errors.Is(cause, pubsub.ErrSubscribeDenied) {
-		level, msg = zap.DebugLevel, "stream opened without history: Redis refuses the subscription of its channels"
-	}
-	if ce := s.h.logger.Check(level, msg); ce != nil {
-		ce.Write(zap.Strings("channels", s.pendingNames()), zap.String("principal", s.who.principal), zap.NamedError("reason", cause))
+		if ce := s.h.logger.Check(zap.DebugLevel, "stream opened without history: Redis refuses the subscription of its channels"); ce != nil {
+			ce.Write(zap.Strings("channels", s.pendingNames()), zap.String("principal", s.who.principal), zap.NamedError("reason", cause))
+		}
+	} else {
+		s.h.warnRarely(&s.h.warnings.degraded, "stream opened without history: the backend is unreachable",
+			zap.Strings("channels", s.pendingNames()), zap.String("principal", s.who.principal), zap.NamedError("reason", cause))
 	}
 	data, _ := json.Marshal(map[string][]string{"channels": s.pendingNames()})
 	s.buf = wire.AppendEnd(wire.AppendEvent(s.buf[:0], wire.TypeDegraded, data))

@@ -141,7 +141,7 @@ func (h *Handler) admit(ctx context.Context, c client) (*admission, *rejection, 
 		case errors.Is(err, pubsub.ErrLimitReached):
 			return nil, h.tooManyConnections(), h.capRetryAfter()
 		case err != nil:
-			h.logger.Warn("connection cap unavailable; admitting the stream", zap.String("principal", c.principal), zap.Error(err))
+			h.warnRarely(&h.warnings.capUnavailable, "connection cap unavailable; admitting the stream", zap.String("principal", c.principal), zap.Error(err))
 		default:
 			a.lease = lease
 		}
@@ -176,7 +176,7 @@ func (h *Handler) refusalWhenFull(ctx context.Context, c client, key string) *re
 	}
 	held, err := h.hub.Leases().Held(ctx, key)
 	if err != nil {
-		h.logger.Warn("connection cap unavailable; refusing the stream for the instance cap", zap.String("principal", c.principal), zap.Error(err))
+		h.warnRarely(&h.warnings.capUnavailableFull, "connection cap unavailable; refusing the stream for the instance cap", zap.String("principal", c.principal), zap.Error(err))
 		return serverFull
 	}
 	if held >= h.MaxConnectionsPerPrincipal {

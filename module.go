@@ -236,6 +236,7 @@ type Handler struct {
 	secret            []byte // the SHA-256 digest of the publish secret
 	limits            replay.Limits
 	metrics           *metrics
+	warnings          *warnings // those that can come per request, rate-limited
 }
 
 // PublishConfig enables publishing on a route.
@@ -260,6 +261,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // reference to the shared hub. It touches no network.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
+	h.warnings = new(warnings)
 	h.publishing = new(inFlight)
 	h.applyDefaults()
 	if err := h.provisionSecret(); err != nil {

@@ -122,7 +122,7 @@ func (h *Handler) publishAll(ctx context.Context, req *publishRequest, tokens pu
 		reply.IDs[name] = replay.EncodeCursor(replay.ChannelPosition{Hash: replay.HashChannel(key), Pos: pos})
 	}
 	if len(failed) > 0 {
-		h.logger.Warn("publish failed", zap.Strings("channels", failed), zap.Error(firstErr))
+		h.warnRarely(&h.warnings.publishFailed, "publish failed", zap.Strings("channels", failed), zap.Error(firstErr))
 		return nil, &errorBody{Error: "publish_failed", Detail: firstErr.Error(), Channels: failed, IDs: reply.IDs}
 	}
 	return reply, nil

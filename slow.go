@@ -29,7 +29,7 @@ func (h *Handler) throttled(ctx context.Context, who client) time.Duration {
 	}
 	left, err := h.hub.Throttles().Remaining(ctx, h.throttleKey(who))
 	if err != nil {
-		h.logger.Warn("throttles unavailable; admitting the stream", zap.String("principal", who.principal), zap.Error(err))
+		h.warnRarely(&h.warnings.throttlesUnavailable, "throttles unavailable; admitting the stream", zap.String("principal", who.principal), zap.Error(err))
 		return 0
 	}
 	return left
