@@ -44,20 +44,23 @@ func writeJSON(w http.ResponseWriter, r *http.Request, status int, body any) {
 // reject answers a refused request with its status and JSON body (or, for
 // a temporary refusal of a stream with rejections in_stream, inside a 200
 // stream), counts it and logs the reason at debug level (refusals can be
-// frequent; they are not errors of the server).
-func (h *Handler) reject(w http.ResponseWriter, r *http.Request, rej *rejection, retryAfter time.Duration) error {
+// frequent; they are not errors of the server), with who the request is
+// from (fields: the principal and channels, once they are known).
+func (h *Handler) reject(w http.ResponseWriter, r *http.Request, rej *rejection, retryAfter time.Duration, who ...zap.Field) error {
 	if retryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.FormatInt(wholeSeconds(retryAfter), 10))
 	}
 	discardUnreadBody(r)
 	inStream := h.inStream(r, rej)
 	h.metrics.rejection(rej.code)
-	h.logger.Debug("request refused",
-		zap.String("code", rej.code),
-		zap.Int("status", rej.status),
-		zap.String("detail", rej.detail),
-		zap.Bool("in_stream", inStream),
-		zap.String("remote", r.RemoteAddr))
+	if ce := h.logger.Check(zap.DebugLevel, "request refused"); ce != nil {
+		ce.Write(append([]zap.Field{
+			zap.String("code", rej.code),
+			zap.Int("status", rej.status),
+			zap.String("detail", rej.detail),
+			zap.Bool("in_stream", inStream),
+			zap.String("remote", r.RemoteAddr)}, who...)...)
+	}
 	if inStream {
 		rejectInStream(w, r, rej, retryAfter)
 		return nil

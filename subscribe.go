@@ -58,14 +58,14 @@ func (h *Handler) openStream(w http.ResponseWriter, r *http.Request) (*stream, s
 	}
 	names, rej := h.resolveChannels(r, repl)
 	if rej != nil {
-		return nil, startingPoint{}, h.reject(w, r, rej, 0)
+		return nil, startingPoint{}, h.reject(w, r, rej, 0, zap.String("principal", principal))
 	}
 	s := newStream(h, names) // holds nothing yet: nothing to release
 	if rej := collidingChannels(s.names, s.cursor); rej != nil {
-		return nil, startingPoint{}, h.reject(w, r, rej, 0)
+		return nil, startingPoint{}, h.reject(w, r, rej, 0, zap.String("principal", principal), zap.Strings("channels", names))
 	}
 	if rej := reconnectTooLarge(r, len(s.names)); rej != nil {
-		return nil, startingPoint{}, h.reject(w, r, rej, 0)
+		return nil, startingPoint{}, h.reject(w, r, rej, 0, zap.String("principal", principal), zap.Strings("channels", names))
 	}
 	if n := h.streams.closingNotice(); n != nil {
 		return nil, startingPoint{}, h.tellToReconnect(w, r, n)
@@ -75,7 +75,7 @@ func (h *Handler) openStream(w http.ResponseWriter, r *http.Request) (*stream, s
 	who := client{principal: principal, ip: clientIP(r)}
 	adm, rej, retryAfter := h.admit(r.Context(), who)
 	if rej != nil {
-		return nil, startingPoint{}, h.reject(w, r, rej, retryAfter)
+		return nil, startingPoint{}, h.reject(w, r, rej, retryAfter, zap.String("principal", principal), zap.Strings("channels", names))
 	}
 	s.who, s.remote = who, r.RemoteAddr
 	s.adm = adm
@@ -98,7 +98,8 @@ func (h *Handler) openStream(w http.ResponseWriter, r *http.Request) (*stream, s
 		if n := h.streams.closingNotice(); n != nil {
 			return nil, startingPoint{}, h.tellToReconnect(w, r, n) // its hub went with the config
 		}
-		return nil, startingPoint{}, h.reject(w, r, &rejection{status: http.StatusServiceUnavailable, code: "history_unavailable", detail: err.Error()}, time.Second)
+		return nil, startingPoint{}, h.reject(w, r, &rejection{status: http.StatusServiceUnavailable, code: "history_unavailable", detail: err.Error()}, time.Second,
+			zap.String("principal", principal), zap.Strings("channels", names))
 	case start.refused != nil:
 		s.degrade(lastEventID(r), start.refusal, start.refused) // those channels only
 	}
