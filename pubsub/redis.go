@@ -71,7 +71,8 @@ type Redis struct {
 
 	onClose       []func() // run by Close before the client closes
 	reconnects    atomic.Uint64
-	badWarned     sync.Map // channels warned of invalid events (warnBad)
+	badWarned     sync.Map    // channels warned of invalid events (warnBad)
+	badNotices    rareWarning // malformed announcements (watcher.onNotice)
 	up            atomic.Bool
 	scriptsOnly   atomic.Bool // functions are forbidden: run scripts
 	loads         libraryLoads
