@@ -11,8 +11,9 @@ import (
 // logged while its cause lasts.
 const rareWarningEvery = time.Minute
 
-// rareWarning logs a warning that can come per message (whoever may
-// publish on the prefix's shard channels can send any number) at warn
+// rareWarning logs a warning that can come per message or per request
+// (whoever may publish on the prefix's shard channels can send any number
+// of announcements; every keyed publish meets a Redis that is down) at warn
 // level once per rareWarningEvery, with how many were suppressed since
 // the last, and at debug level otherwise. Each malformed announcement was
 // logged at warn: 500 of them made 500 lines.

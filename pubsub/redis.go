@@ -73,6 +73,7 @@ type Redis struct {
 	reconnects    atomic.Uint64
 	badWarned     sync.Map    // channels warned of invalid events (warnBad)
 	badNotices    rareWarning // malformed announcements (watcher.onNotice)
+	idemFallback  rareWarning // idempotency keys kept here while Redis is down
 	up            atomic.Bool
 	scriptsOnly   atomic.Bool // functions are forbidden: run scripts
 	loads         libraryLoads
