@@ -1,10 +1,11 @@
 package caddysse
 
 import (
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/caddy-sse/caddy-sse/internal/rarelog"
 )
 
 // warnEvery is how often a warning that can come per request is logged
@@ -17,46 +18,13 @@ import (
 // metrics (caddy_sse_rejections_total) and answered with its error.
 const warnEvery = 10 * time.Second
 
-// rareWarning lets one warning through per warnEvery.
-type rareWarning struct {
-	mu         sync.Mutex
-	next       time.Time
-	suppressed int
-}
-
-// allow reports whether the warning is logged now and, if so, how many
-// were left out since the last one logged.
-func (w *rareWarning) allow(now time.Time) (bool, int) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if now.Before(w.next) {
-		w.suppressed++
-		return false, 0
-	}
-	w.next = now.Add(warnEvery)
-	n := w.suppressed
-	w.suppressed = 0
-	return true, n
-}
-
 // warnings are the handler's warnings that can come per request.
 type warnings struct {
-	publishFailed, capUnavailable, capUnavailableFull, throttlesUnavailable, degraded rareWarning
+	publishFailed, capUnavailable, capUnavailableFull, throttlesUnavailable, degraded rarelog.Warning
 }
 
 // warnRarely logs msg at warn level at most once per warnEvery (see
 // warnEvery), and at debug level otherwise.
-func (h *Handler) warnRarely(w *rareWarning, msg string, fields ...zap.Field) {
-	if h.logger.Core().Enabled(zap.WarnLevel) {
-		if ok, suppressed := w.allow(time.Now()); ok {
-			if suppressed > 0 {
-				fields = append(fields, zap.Int("suppressed", suppressed))
-			}
-			h.logger.Warn(msg, fields...)
-			return
-		}
-	}
-	if ce := h.logger.Check(zap.DebugLevel, msg); ce != nil {
-		ce.Write(fields...)
-	}
+func (h *Handler) warnRarely(w *rarelog.Warning, msg string, fields ...zap.Field) {
+	w.Log(h.logger, warnEvery, msg, fields...)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/caddy-sse/caddy-sse/internal/rarelog"
 	"github.com/caddy-sse/caddy-sse/replay"
 )
 
@@ -71,9 +72,9 @@ type Redis struct {
 
 	onClose       []func() // run by Close before the client closes
 	reconnects    atomic.Uint64
-	badWarned     sync.Map    // channels warned of invalid events (warnBad)
-	badNotices    rareWarning // malformed announcements (watcher.onNotice)
-	idemFallback  rareWarning // idempotency keys kept here while Redis is down
+	badWarned     sync.Map        // channels warned of invalid events (warnBad)
+	badNotices    rarelog.Warning // malformed announcements (watcher.onNotice)
+	idemFallback  rarelog.Warning // idempotency keys kept here while Redis is down
 	up            atomic.Bool
 	scriptsOnly   atomic.Bool // functions are forbidden: run scripts
 	loads         libraryLoads

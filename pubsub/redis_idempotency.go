@@ -88,7 +88,7 @@ func (r *RedisIdempotency) Do(ctx context.Context, key, fingerprint string, publ
 		if err != nil {
 			if isUnavailable(err) {
 				// per keyed publish while Redis is down: warned of rarely
-				r.b.idemFallback.log(r.b.log(), "idempotency keys fall back to this instance: redis is unreachable", zap.Error(err))
+				r.b.idemFallback.Log(r.b.log(), rareWarningEvery, "idempotency keys fall back to this instance: redis is unreachable", zap.Error(err))
 				return r.local.Do(ctx, key, fingerprint, publish)
 			}
 			return nil, false, err

@@ -682,7 +682,7 @@ func (w *watcher) onNotice(key, payload string) {
 	}
 	n, err := parseNotice(payload)
 	if err != nil {
-		w.b.badNotices.log(w.b.log(), "malformed announcement on a shard channel", zap.String("key", key), zap.Error(err))
+		w.b.badNotices.Log(w.b.log(), rareWarningEvery, "malformed announcement on a shard channel", zap.String("key", key), zap.Error(err))
 		return
 	}
 	ev, valid := encodeEvent(n.pos, n.typ, n.data)
