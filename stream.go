@@ -729,10 +729,29 @@ func (s *stream) writeClosing(n *closeNotice) error {
 		s.buf = wire.AppendComment(s.buf[:0], "connection closed: slow client")
 		return s.out.WriteLast(s.buf)
 	}
-	s.buf = appendClosing(s.buf[:0], n)
+	s.buf = appendClosing(s.appendResumeID(s.buf[:0]), n)
 	// last words: a client that does not take them within lastWordsTimeout
 	// is not waited for (a stop waits for every stream)
 	return s.out.WriteLast(s.buf)
+}
+
+// appendResumeID appends, before server_closing, an id-only block of the
+// stream's cursor, so that the reconnect resumes where the stream is: a
+// stream that wrote no event yet had given its client no id, and its
+// reconnect started live, missing what was published while it waited
+// (close_jitter) — the reload it was told of lost events after all. (It
+// also keeps the client's position under the letter of the WHATWG
+// standard, whose last event ID buffer starts empty on each connection.)
+// A degraded stream does not know its channels' positions: it says
+// nothing, and its client keeps the id it came with.
+func (s *stream) appendResumeID(buf []byte) []byte {
+	if s.degraded.Load() {
+		return buf
+	}
+	if s.ids == nil {
+		s.ids = new(replay.CursorEncoder)
+	}
+	return wire.AppendID(buf, s.ids.Encode(s.idEntries()))
 }
 
 // appendClosing appends the retry hint and server_closing event of n.
