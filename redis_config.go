@@ -408,8 +408,14 @@ func validateAddresses(o pubsub.RedisOptions) error {
 		if strings.HasPrefix(a, "/") { // go-redis dials a path as a Unix socket
 			return validateUnixSocket(o)
 		}
-		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+		_, port, err := net.SplitHostPort(a)
+		if err != nil || port == "" {
 			return fmt.Errorf("redis: address %q is not host:port", a)
+		}
+		if n, err := strconv.Atoi(port); err == nil && (n < 1 || n > 65535) {
+			// refused here, not at the first dial, long after the config
+			// loaded (a name, such as "redis", is a service the dialer looks up)
+			return fmt.Errorf("redis: address %q: the port must be from 1 to 65535", a)
 		}
 	}
 	return nil

@@ -72,6 +72,9 @@ func TestRedisJSONBadValuesRefused(t *testing.T) {
 		{"negative check_interval", func(c *RedisConfig) { c.CheckInterval = caddy.Duration(-time.Second) }},
 		{"negative wait_timeout", func(c *RedisConfig) { c.WaitReplicas = 1; c.WaitTimeout = caddy.Duration(-time.Second) }},
 		{"max_retries below -1", func(c *RedisConfig) { c.MaxRetries = -5 }},
+		// accepted, it failed only at the first dial
+		{"port out of range", func(c *RedisConfig) { c.Addresses = []string{"127.0.0.1:99999"} }},
+		{"port out of range in the URL", func(c *RedisConfig) { c.Addresses, c.URL = nil, "redis://:pw@127.0.0.1:70000" }},
 		// the Sentinel client was made and cluster silently left out
 		{"cluster with sentinel", func(c *RedisConfig) { c.Cluster, c.Sentinel = true, "m" }},
 	}
