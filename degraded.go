@@ -165,7 +165,7 @@ func (s *stream) recover(ctx context.Context) (bool, error) {
 			first := d.pending == nil // degraded as a whole until now: its replay is not counted yet
 			s.started(d, sp.refused)
 			s.countStart(d, first, len(sp.truncated) > 0)
-			return true, s.writeStart(sp)
+			return true, s.writeStart(sp, false)
 		}
 	}
 	if d.pending != nil {

@@ -199,6 +199,7 @@ type sseEvent struct {
 	Type  string // "message" when the stream named none
 	Data  string
 	ID    string // the last event id after this event
+	OwnID bool   // the event's own block had an id line
 	Retry int    // the last retry seen, -1 if none
 }
 
@@ -267,7 +268,7 @@ func (c *sseClient) read() {
 	sc := bufio.NewScanner(c.resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	var typ, lastID string
-	idSeen := false
+	idSeen, blockID := false, false
 	var data strings.Builder
 	hasData := false
 	retry := -1
@@ -282,13 +283,13 @@ func (c *sseClient) read() {
 				c.lastSeenID.Store(&id)
 			}
 			if hasData {
-				ev := sseEvent{Type: typ, Data: strings.TrimSuffix(data.String(), "\n"), ID: lastID, Retry: retry}
+				ev := sseEvent{Type: typ, Data: strings.TrimSuffix(data.String(), "\n"), ID: lastID, OwnID: blockID, Retry: retry}
 				if ev.Type == "" {
 					ev.Type = "message"
 				}
 				c.events <- ev
 			}
-			typ, hasData = "", false
+			typ, hasData, blockID = "", false, false
 			data.Reset()
 		case strings.HasPrefix(line, ":"):
 			select {
@@ -307,7 +308,7 @@ func (c *sseClient) read() {
 				hasData = true
 			case "id":
 				if !strings.ContainsRune(value, 0) {
-					lastID, idSeen = value, true
+					lastID, idSeen, blockID = value, true, true
 				}
 			case "retry":
 				if n, err := strconv.Atoi(value); err == nil {

@@ -304,8 +304,8 @@ func assertTruncatedEvent(t *testing.T, ev sseEvent, channels ...string) {
 	if err := json.Unmarshal([]byte(ev.Data), &body); err != nil || fmt.Sprint(body.Channels) != fmt.Sprint(channels) {
 		t.Fatalf("sse_truncated data %q, want channels %v", ev.Data, channels)
 	}
-	if ev.ID != "" {
-		t.Fatalf("sse_truncated must not carry an id, got %q", ev.ID)
+	if ev.OwnID {
+		t.Fatalf("sse_truncated must not carry an id line, got one (%q)", ev.ID)
 	}
 }
 

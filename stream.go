@@ -394,11 +394,17 @@ func (s *stream) endAtLostLocal(lost []replay.Position) error {
 // writeID writes an id-only block of the stream's cursor: it moves the
 // client's Last-Event-ID without dispatching anything.
 func (s *stream) writeID() error {
+	s.buf = s.appendIDBlock(s.buf[:0])
+	return s.out.Write(s.buf)
+}
+
+// appendIDBlock appends the id line of the stream's cursor and the blank
+// line that ends its block.
+func (s *stream) appendIDBlock(buf []byte) []byte {
 	if s.ids == nil {
 		s.ids = new(replay.CursorEncoder)
 	}
-	s.buf = wire.AppendID(s.buf[:0], s.ids.Encode(s.idEntries()))
-	return s.out.Write(s.buf)
+	return wire.AppendID(buf, s.ids.Encode(s.idEntries()))
 }
 
 // unloggedOverflow reports whether the queue overflowed without the writer
@@ -748,10 +754,7 @@ func (s *stream) appendResumeID(buf []byte) []byte {
 	if s.degraded.Load() {
 		return buf
 	}
-	if s.ids == nil {
-		s.ids = new(replay.CursorEncoder)
-	}
-	return wire.AppendID(buf, s.ids.Encode(s.idEntries()))
+	return s.appendIDBlock(buf)
 }
 
 // appendClosing appends the retry hint and server_closing event of n.

@@ -406,18 +406,38 @@ func setStreamHeaders(hdr http.Header) {
 	hdr.Del("Content-Length")
 }
 
-// appendPreamble appends what every stream opens with: a comment and the
-// retry hint.
+// appendPreamble appends the opening block of a stream that has no
+// position to give: a comment and the retry hint.
 func (h *Handler) appendPreamble(buf []byte) []byte {
-	buf = wire.AppendComment(buf, "ok")
-	buf = wire.AppendRetry(buf, time.Duration(h.Retry).Milliseconds())
-	return wire.AppendEnd(buf)
+	return wire.AppendEnd(h.appendPreambleLines(buf))
 }
 
-// open writes the stream's preamble (a comment and the retry hint), flushes
+// appendPreambleLines appends what every stream opens with, a comment and
+// the retry hint, without the blank line that ends the block.
+func (h *Handler) appendPreambleLines(buf []byte) []byte {
+	buf = wire.AppendComment(buf, "ok")
+	return wire.AppendRetry(buf, time.Duration(h.Retry).Milliseconds())
+}
+
+// open writes the stream's preamble (a comment, the retry hint and, where
+// the stream knows its channels' positions, its cursor as the id), flushes
 // the headers with it, then the truncation notice and the replay.
+//
+// The id makes a stream that is cut before its first event (a load
+// balancer, a network change, a reload) resume where it started instead of
+// live, losing what was published while its client reconnected; it also
+// keeps a reconnected client's Last-Event-ID under the letter of the WHATWG
+// standard, whose last event ID buffer starts empty on each connection and
+// whose first blank line would otherwise set it to "". A degraded stream
+// does not know its positions: it opens without an id.
 func (s *stream) open(ctx context.Context, sp startingPoint) error {
-	s.buf = s.h.appendPreamble(s.buf[:0])
+	idGiven := !s.degraded.Load()
+	s.buf = s.h.appendPreambleLines(s.buf[:0])
+	if idGiven {
+		s.buf = s.appendIDBlock(s.buf)
+	} else {
+		s.buf = wire.AppendEnd(s.buf)
+	}
 	if err := s.out.Write(s.buf); err != nil {
 		return err
 	}
@@ -433,12 +453,13 @@ func (s *stream) open(ctx context.Context, sp startingPoint) error {
 		}
 		// its other channels start now
 	}
-	return s.writeStart(sp)
+	return s.writeStart(sp, idGiven)
 }
 
 // writeStart writes the truncation notice and the replay of a starting
-// point, and flushes.
-func (s *stream) writeStart(sp startingPoint) error {
+// point, and flushes. idGiven says that the stream's cursor went out as an
+// id since its positions were last set.
+func (s *stream) writeStart(sp startingPoint, idGiven bool) error {
 	if len(sp.truncated) > 0 {
 		data, _ := json.Marshal(map[string][]string{"channels": sp.truncated})
 		s.buf = wire.AppendEnd(wire.AppendEvent(s.buf[:0], wire.TypeTruncated, data))
@@ -453,7 +474,7 @@ func (s *stream) writeStart(sp startingPoint) error {
 		}
 		return err
 	}
-	if len(sp.truncated) > 0 && replayed == 0 {
+	if len(sp.truncated) > 0 && replayed == 0 && !idGiven {
 		// nothing replayed moves the client's Last-Event-ID off the cursor
 		// that was truncated (or did not parse): until the next event, each
 		// reconnect would be told truncated again though it missed nothing

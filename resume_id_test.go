@@ -1,0 +1,125 @@
+package caddysse
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/caddy-sse/caddy-sse/internal/redistest"
+)
+
+// A stream told server_closing before it wrote any event still resumes
+// without a loss: the closing says its cursor in an id-only block first, so
+// the reconnect replays what was published while it waited instead of
+// starting live (it had no id to send). Fresh streams on one and on two
+// channels (one of them published to before), and a reconnected stream
+// that got nothing since.
+func TestStreamWithoutEventsResumesAfterReload(t *testing.T) {
+	site := `
+:{PORT} {
+	sse /events {
+		channel {query.channels}
+		close_jitter off
+		publish {
+			secret ` + testSecret + `
+		}
+	}
+}
+`
+	for _, tc := range []struct{ name, path string }{
+		{"fresh", "/events?channels=a"},
+		{"fresh, two channels", "/events?channels=a,b"},
+		{"reconnected", "/events?channels=a"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := startCaddy(t, site)
+			var hdr map[string][]string
+			switch tc.name {
+			case "reconnected":
+				id := srv.publish("/events", map[string]any{"channel": "a", "data": "seen"})["a"]
+				hdr = header("Last-Event-ID", id)
+			case "fresh, two channels":
+				srv.publish("/events", map[string]any{"channel": "b", "data": "before"})
+			}
+			c := srv.subscribe(tc.path, hdr)
+			c.comment("ok")
+			srv.reload(site)
+			if ev := c.next(); ev.Type != "server_closing" {
+				t.Fatalf("got %+v, want server_closing", ev)
+			}
+			c.expectEnd()
+			last := c.lastSeenID.Load()
+			if last == nil || *last == "" {
+				t.Fatal("the stream gave no id: its reconnect starts live and misses what is published before it")
+			}
+			srv.publish("/events", map[string]any{"channel": "a", "data": "meanwhile"})
+			r := srv.subscribe(tc.path, header("Last-Event-ID", *last))
+			if tr := r.resp.Header.Get("X-Replay-Truncated"); tr != "" {
+				t.Fatalf("reconnect told truncated (%s)", tr)
+			}
+			srv.publish("/events", map[string]any{"channel": "a", "data": "after"})
+			if got := strings.Join(r.nextData(2), " "); got != "meanwhile after" {
+				t.Fatalf("after the reload got %q, want %q", got, "meanwhile after")
+			}
+		})
+	}
+}
+
+// A stream cut before it wrote any event (a load balancer, a network
+// change: no server_closing) still resumes without a loss: its opening
+// block gives its cursor as the id, so the reconnect replays what was
+// published while it was away instead of starting live. The same id keeps a
+// client's position under the letter of the WHATWG standard, whose last
+// event ID buffer starts empty on each connection (the opening blank line
+// would set it to ""). Fresh streams on one and two channels, a reconnected
+// one, one whose cursor did not parse (told truncated), embedded and Redis.
+func TestStreamCutBeforeItsFirstEventResumes(t *testing.T) {
+	for _, mode := range []string{"embedded", "redis"} {
+		for _, tc := range []struct{ name, path, lastID string }{
+			{"fresh", "/events?channels=a", ""},
+			{"fresh, two channels", "/events?channels=a,b", ""},
+			{"reconnected", "/events?channels=a", "published"},
+			{"garbage cursor", "/events?channels=a", "!!garbage"},
+		} {
+			t.Run(mode+", "+tc.name, func(t *testing.T) {
+				site := hammerSite()
+				if mode == "redis" {
+					site = redisSite(redistest.Start(t).URL())
+				}
+				srv := startCaddy(t, site)
+				srv.publish("/events", map[string]any{"channel": []string{"a", "b"}, "data": "before"})
+				var hdr http.Header
+				switch tc.lastID {
+				case "published":
+					hdr = header("Last-Event-ID", srv.publish("/events", map[string]any{"channel": "a", "data": "seen"})["a"])
+				case "":
+				default:
+					hdr = header("Last-Event-ID", tc.lastID)
+				}
+				c := srv.subscribe(tc.path, hdr)
+				c.comment("ok")
+				if tc.lastID == "!!garbage" {
+					assertTruncatedEvent(t, c.next(), "a")
+				}
+				eventually(t, "an id before the stream's first event", func() bool {
+					id := c.lastSeenID.Load()
+					return id != nil && *id != ""
+				})
+				last := *c.lastSeenID.Load()
+				if tc.lastID == "published" && last != hdr.Get("Last-Event-ID") {
+					t.Fatalf("opening id %q, want the client's own %q", last, hdr.Get("Last-Event-ID"))
+				}
+				c.close()
+				srv.publish("/events", map[string]any{"channel": "a", "data": "meanwhile"})
+				r := srv.subscribe(tc.path, header("Last-Event-ID", last))
+				if tr := r.resp.Header.Get("X-Replay-Truncated"); tr != "" {
+					t.Fatalf("reconnect told truncated (%s)", tr)
+				}
+				srv.publish("/events", map[string]any{"channel": "a", "data": "after"})
+				if got := strings.Join(r.nextData(2), " "); got != "meanwhile after" {
+					t.Fatalf("after the cut got %q, want %q", got, "meanwhile after")
+				}
+			})
+		}
+	}
+}
