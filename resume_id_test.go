@@ -75,11 +75,12 @@ func TestStreamWithoutEventsResumesAfterReload(t *testing.T) {
 // one, one whose cursor did not parse (told truncated), embedded and Redis.
 func TestStreamCutBeforeItsFirstEventResumes(t *testing.T) {
 	for _, mode := range []string{"embedded", "redis"} {
-		for _, tc := range []struct{ name, path, lastID string }{
-			{"fresh", "/events?channels=a", ""},
-			{"fresh, two channels", "/events?channels=a,b", ""},
-			{"reconnected", "/events?channels=a", "published"},
-			{"garbage cursor", "/events?channels=a", "!!garbage"},
+		for _, tc := range []struct{ name, path, lastID, channel string }{
+			{"fresh", "/events?channels=a", "", "a"},
+			{"fresh, two channels", "/events?channels=a,b", "", "a"},
+			{"fresh, a channel without events", "/events?channels=z,a", "", "z"},
+			{"reconnected", "/events?channels=a", "published", "a"},
+			{"garbage cursor", "/events?channels=a", "!!garbage", "a"},
 		} {
 			t.Run(mode+", "+tc.name, func(t *testing.T) {
 				site := hammerSite()
@@ -110,12 +111,12 @@ func TestStreamCutBeforeItsFirstEventResumes(t *testing.T) {
 					t.Fatalf("opening id %q, want the client's own %q", last, hdr.Get("Last-Event-ID"))
 				}
 				c.close()
-				srv.publish("/events", map[string]any{"channel": "a", "data": "meanwhile"})
+				srv.publish("/events", map[string]any{"channel": tc.channel, "data": "meanwhile"})
 				r := srv.subscribe(tc.path, header("Last-Event-ID", last))
 				if tr := r.resp.Header.Get("X-Replay-Truncated"); tr != "" {
 					t.Fatalf("reconnect told truncated (%s)", tr)
 				}
-				srv.publish("/events", map[string]any{"channel": "a", "data": "after"})
+				srv.publish("/events", map[string]any{"channel": tc.channel, "data": "after"})
 				if got := strings.Join(r.nextData(2), " "); got != "meanwhile after" {
 					t.Fatalf("after the cut got %q, want %q", got, "meanwhile after")
 				}
