@@ -117,6 +117,13 @@ func NewRedis(opts RedisOptions, deliver DeliverFunc) (*Redis, error) {
 // Key returns the base key of a channel: "<prefix>{<channel>}".
 func (b *Redis) Key(channel string) string { return b.opts.Prefix + "{" + channel + "}" }
 
+// rareWarningEvery is how often a warning that can come per message is
+// logged while its cause lasts (badNotices, idemFallback): whoever may
+// publish on the prefix's shard channels can send any number of malformed
+// announcements, and every keyed publish meets a Redis that is down; 500
+// malformed announcements made 500 lines.
+const rareWarningEvery = time.Minute
+
 // EntryOverhead is what an event costs in a Redis history besides its type
 // and data (OVERHEAD in the publish function): a history's byte cap must
 // hold the largest event and this, or the function refuses it.
