@@ -24,7 +24,9 @@ it held was too old to replay anyway, so no cursor missed anything.
 
 FCALL sse_publish_v1 1 <B> <type> <data> [<count> [<max_age_ms> [<max_bytes>]]]
   Appends the event, trims the history to count events / max age / bytes
-  (defaults 1000, 86400000, 4194304), announces it, and returns
+  (defaults 1000, 86400000, 4194304; an empty one is its default, one that
+  is not a number is refused, and so is a B that is not P{C}), announces
+  it, and returns
   {epoch, seq, time}. Each call publishes: a client that sends it again
   after a timeout (go-redis retries by default) may publish twice.
 FCALL sse_publish_once_v1 1 <B> <token> <ttl_ms> <type> <data> [<count> [<max_age_ms> [<max_bytes>]]]
@@ -58,6 +60,7 @@ FCALL_RO sse_read_v3 2 <B>:m <B>:s <limit> [<epoch> <seq> <time>]
 local OVERHEAD = 64 -- what an entry costs besides its type and data
 local META_GRACE = 604800000 -- B:m outlives B:s by 7 days (ms)
 local MAX_TYPE = 200
+local MAX_CHANNEL = 200 -- bytes of a channel's name (SPEC S1)
 local RESERVED = { server_closing = true, sse_truncated = true, sse_rejected = true, sse_degraded = true }
 
 local function num(x)
@@ -85,6 +88,29 @@ local function check_type(typ)
     return 'ERR sse: event type ' .. typ .. ' is reserved'
   end
   return nil
+end
+
+-- check_base refuses a base key that is not <prefix>{<channel>} (the
+-- prefix holds no brace; the channel, 1 to 200 bytes, no brace or control
+-- character): a key without its braces, or a _v2 key given to a _v1 form
+-- (sse:{a}:m), was published to a channel no stream can have, and the
+-- caller was told it worked. A comma passes: the instances' own channel of
+-- throttles has one, which is why no stream can name it.
+local function check_base(base)
+  local channel = type(base) == 'string' and string.match(base, '^[^{}]*{([^{}]+)}$')
+  if not channel or #channel > MAX_CHANNEL or string.find(channel, '%c') then
+    return 'ERR sse: the key must be <prefix>{<channel>}, a channel of 1 to 200 bytes without {, } or control characters'
+  end
+  return nil
+end
+
+-- limit reads an optional limit: absent (or empty) is the default, else a
+-- number; not one (nil) is refused by the caller. tonumber(x) or default
+-- published a count of "1k" or a max age of "24h" with the defaults, and
+-- the caller was not told.
+local function limit(arg, default)
+  if arg == nil or arg == '' then return default end
+  return tonumber(arg)
 end
 
 local function now_ms()
@@ -143,14 +169,18 @@ end
 
 local function publish(keys, args)
   local base = keys[1]
-  local typ, data = args[1] or '', args[2] or ''
-  local count = tonumber(args[3] or '') or 1000
-  local max_age = tonumber(args[4] or '') or 86400000
-  local max_bytes = tonumber(args[5] or '') or 4194304
-  local err = check_type(typ)
+  -- a call without its data (or type) published an empty event
+  if args[1] == nil or args[2] == nil or #args > 5 then
+    return redis.error_reply('ERR sse: the arguments are <type> <data> [<count> [<max_age_ms> [<max_bytes>]]]')
+  end
+  local typ, data = args[1], args[2]
+  local count = limit(args[3], 1000)
+  local max_age = limit(args[4], 86400000)
+  local max_bytes = limit(args[5], 4194304)
+  local err = check_base(base) or check_type(typ)
   if err then return redis.error_reply(err) end
   -- written so that NaN fails too (a NaN count or byte cap trimmed nothing)
-  if not (count >= 1 and max_bytes >= 1 and whole_ms(max_age)) then
+  if not (count and max_bytes and count >= 1 and max_bytes >= 1 and whole_ms(max_age)) then
     return redis.error_reply('ERR sse: count and max_bytes must be positive, max_age_ms a positive integer')
   end
   if #data + #typ + OVERHEAD > max_bytes then
@@ -203,6 +233,9 @@ end
 -- publish_once is publish at most once per token: a retry of a call (the
 -- same token) gets the first call's reply
 local function publish_once(keys, args)
+  if #args > 7 then
+    return redis.error_reply('ERR sse: the arguments are <token> <ttl_ms> <type> <data> [<count> [<max_age_ms> [<max_bytes>]]]')
+  end
   local token, ttl = args[1] or '', tonumber(args[2] or '')
   if token == '' or string.find(token, '[^%w_-]') or #token > 64 then
     return redis.error_reply('ERR sse: the token must be 1 to 64 letters, digits, - or _')

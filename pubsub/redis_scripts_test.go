@@ -258,3 +258,61 @@ func withoutFunctions(opts RedisOptions, servers ...*redistest.Server) RedisOpti
 	opts.Username, opts.Password = "nofunc", "pw"
 	return opts
 }
+
+// A direct publish whose call is not what the docs give is refused before
+// anything is written: each of these was published (to a channel no stream
+// can have, or with the defaults in place of limits that are not numbers,
+// or as an empty event) and the backend was told it worked.
+func TestDirectPublishWithAMistakenCallWritesNothing(t *testing.T) {
+	rds := redistest.Start(t)
+	rds.MustCLI("FUNCTION", "LOAD", "REPLACE", RedisFunctions())
+	script, err := os.ReadFile("redis_eval_publish.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v1 := func(key string, args ...string) []string {
+		return append([]string{"FCALL", FunctionPublish, "1", key}, args...)
+	}
+	long := strings.Repeat("c", 201)
+	for _, call := range [][]string{
+		v1("orders", "t", "x"),                          // no braces: no stream's key
+		v1("sse:orders", "t", "x"),                      // no braces
+		v1("sse:{orders}:m", "t", "x"),                  // a _v2 key given to the _v1 form
+		v1("sse:{}", "t", "x"),                          // no channel
+		v1("sse:{"+long+"}", "t", "x"),                  // a channel over 200 bytes
+		v1("sse:{a\tb}", "t", "x"),                      // a control character
+		v1("sse:{orders}", "t", "x", "1k"),              // a count that is not a number
+		v1("sse:{orders}", "t", "x", "1000", "24h"),     // nor a max age
+		v1("sse:{orders}", "t", "x", "1000", "1", "4M"), // nor a byte cap
+		v1("sse:{orders}", "t"),                         // no data
+		v1("sse:{orders}"),                              // neither type nor data
+		v1("sse:{orders}", "t", "x", "1000", "86400000", "4194304", "extra"),
+		{"FCALL", FunctionPublishV2, "2", "sse:{orders}:m:m", "sse:{orders}:m:s", "t", "x"},
+		{"FCALL", FunctionPublishOnce, "3", "sse:{orders}:m", "sse:{orders}:s", "sse:{orders}:p:tok", "tok", "60000", "t"},
+		{"EVAL", string(script), "1", "orders", "t", "x"},
+		{"EVAL", string(script), "1", "sse:{orders}", "t", "x", "abc"},
+	} {
+		out, err := rds.CLI(call...)
+		if err != nil || !strings.HasPrefix(out, "ERR sse:") {
+			t.Errorf("%q: %v %q, want an sse error", call[min(len(call), 4)-1:], err, out)
+		}
+		if n := rds.MustCLI("DBSIZE"); n != "0" {
+			t.Fatalf("%q was refused, yet Redis holds %s keys: %s", call[min(len(call), 4)-1:], n, rds.MustCLI("KEYS", "*"))
+		}
+	}
+	// the documented forms still publish, with or without limits, also
+	// empty ones and the instances' own channel of throttles
+	for _, call := range [][]string{
+		v1("sse:{orders}", "t", "x"),
+		v1("sse:{orders}", "", ""),
+		v1("sse:{orders}", "t", "x", "1000", "86400000", "4194304"),
+		v1("sse:{orders}", "t", "x", "", "", "4194304"),
+		v1("app:{tenant:orders}", "t", "x"),
+		v1("sse:{sse,throttles}", "throttle", "{}"),
+		{"FCALL", FunctionPublishOnce, "3", "sse:{orders}:m", "sse:{orders}:s", "sse:{orders}:p:tok", "tok", "60000", "t", "x"},
+	} {
+		if out := rds.MustCLI(call...); strings.Contains(out, "ERR") {
+			t.Fatalf("%q: %s", call, out)
+		}
+	}
+}
