@@ -309,11 +309,13 @@ func (b *Redis) Read(ctx context.Context, channel string, after *replay.Position
 }
 
 // warnBad warns, once per channel for the broker's life (SPEC S3), that
-// events published straight into Redis had an invalid type or data: every
-// read of the history, and every stream's replay, meets them again.
+// events published straight into Redis had an invalid type or data, or
+// entries were not the library's: every read of the history, and every
+// stream's replay, meets them again.
 func (b *Redis) warnBad(channel string) {
 	if _, warned := b.badWarned.LoadOrStore(channel, true); !warned {
-		b.log().Warn("events with an invalid type or non-UTF-8 data arrived through Redis; they are sent as id-only blocks",
+		b.log().Warn("events with an invalid type or non-UTF-8 data arrived through Redis, or entries its functions did not write "+
+			"(a plain XADD); the events are sent as id-only blocks, the entries left out",
 			zap.String("channel", channel))
 	}
 }

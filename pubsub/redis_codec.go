@@ -60,7 +60,15 @@ func encodeEvent(pos replay.Position, typ, data string) (ev *replay.Event, valid
 
 // parsePage decodes sse_read_v1's reply:
 // {epoch, seq, time, truncated, n, id1, type1, data1, ...}. bad counts
-// events whose content was dropped by encodeEvent.
+// events whose content was dropped by encodeEvent, and entries left out as
+// not the library's.
+//
+// Only the library appends to a channel's stream, each entry at the seq
+// after the last (trims drop the oldest), so the entries of a page have
+// seqs from 1 to the head's, rising. One that does not (a backend's plain
+// XADD, "<ms>-0") was never announced and holds no position of the
+// channel: replayed, it reached only the streams that reconnected, with an
+// id whose seq went back. It is left out.
 func parsePage(reply any) (page replay.Page, bad int, err error) {
 	items, ok := reply.([]any)
 	if !ok || len(items) < 5 {
@@ -82,12 +90,18 @@ func parsePage(reply any) (page replay.Page, bad int, err error) {
 	}
 	n := int(nums[4])
 	page.Events = make([]*replay.Event, 0, n)
+	var last uint64 // the seq of the last entry taken
 	for i := range n {
 		id, typ, data := replyString(items[5+3*i]), replyString(items[6+3*i]), replyString(items[7+3*i])
 		pos, err := positionOfID(page.Head.Epoch, id)
 		if err != nil {
 			return page, 0, err
 		}
+		if pos.Seq <= last || pos.Seq > page.Head.Seq {
+			bad++ // pos.Seq 0 too
+			continue
+		}
+		last = pos.Seq
 		ev, valid := encodeEvent(pos, typ, data)
 		if !valid {
 			bad++
