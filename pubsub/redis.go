@@ -90,6 +90,9 @@ type Redis struct {
 	returns       atomic.Uint64 // how often Redis answered again after it had not
 	downLogged    bool
 	closed        atomic.Bool
+	// now is this instance's clock (time.Now); a test sets it, before any
+	// use, to an instance whose clock is off Redis' and the others'
+	now func() time.Time
 }
 
 // NewRedis returns a Redis broker. It does not connect: the first publish,
@@ -101,7 +104,7 @@ func NewRedis(opts RedisOptions, deliver DeliverFunc) (*Redis, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Redis{opts: opts, client: client, cluster: cluster, deliver: deliver}
+	b := &Redis{opts: opts, client: client, cluster: cluster, deliver: deliver, now: time.Now}
 	b.logs.push(opts.Logger)
 	goRedisLogs.push(opts.Logger)
 	b.up.Store(true)

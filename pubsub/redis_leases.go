@@ -241,7 +241,7 @@ func (r *RedisLeases) runAcquire(ctx context.Context, l *redisLease, limit int, 
 		flag = 1
 	}
 	args := make([]any, 0, 7+2*len(listed)+len(released))
-	args = append(args, time.Now().UnixMilli(), limit, l.ttl.Milliseconds(), l.member, n, flag, len(listed))
+	args = append(args, r.b.now().UnixMilli(), limit, l.ttl.Milliseconds(), l.member, n, flag, len(listed))
 	for _, h := range listed {
 		args = append(args, h.member, h.ttl.Milliseconds())
 	}
@@ -458,7 +458,7 @@ func (r *RedisLeases) renew() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.callTimeout())
 	defer cancel()
-	now := time.Now().UnixMilli()
+	now := r.b.now().UnixMilli()
 	pipe := r.b.client.Pipeline()
 	longest := map[string]time.Duration{} // of each key's leases: its expiry is set once
 	for _, l := range leases {
@@ -559,7 +559,7 @@ func (r *RedisLeases) Held(ctx context.Context, principal string) (int, error) {
 		return 0, err
 	}
 	_, _, released := r.leasesOf(key, false)
-	now := time.Now().UnixMilli()
+	now := r.b.now().UnixMilli()
 	pipe := r.b.client.Pipeline()
 	live := pipe.ZCount(ctx, key, "("+strconv.FormatInt(now, 10), "+inf")
 	var scores *redis.FloatSliceCmd
@@ -587,7 +587,7 @@ func (r *RedisLeases) Held(ctx context.Context, principal string) (int, error) {
 // Counts returns how many live leases each principal holds across every
 // instance.
 func (r *RedisLeases) Counts(ctx context.Context, principals []string) (map[string]int, error) {
-	now := strconv.FormatInt(time.Now().UnixMilli(), 10)
+	now := strconv.FormatInt(r.b.now().UnixMilli(), 10)
 	pipe := r.b.client.Pipeline()
 	cmds := make([]*redis.IntCmd, len(principals))
 	for i, p := range principals {

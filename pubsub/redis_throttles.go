@@ -59,7 +59,9 @@ var throttleHistory = replay.Limits{Count: maxThrottles, MaxAge: MaxRedisThrottl
 
 // NewRedisThrottles returns throttles in b's Redis.
 func NewRedisThrottles(b *Redis) *RedisThrottles {
-	return &RedisThrottles{b: b, known: NewMemoryThrottles(), ready: make(chan struct{}), stop: make(chan struct{})}
+	known := NewMemoryThrottles()
+	known.now = func() time.Time { return b.now() }
+	return &RedisThrottles{b: b, known: known, ready: make(chan struct{}), stop: make(chan struct{})}
 }
 
 // follow makes the throttles answer from memory once they have read the
@@ -257,9 +259,9 @@ func (r *RedisThrottles) apply(ev *replay.Event) {
 	}
 	until := time.UnixMilli(ev.Pos.Time + a.MS)
 	if ev.Local || ev.Pos.Time == 0 {
-		until = time.Now().Add(time.Duration(a.MS) * time.Millisecond)
+		until = r.b.now().Add(time.Duration(a.MS) * time.Millisecond)
 	}
-	if left := time.Until(until); left > 0 {
+	if left := until.Sub(r.b.now()); left > 0 {
 		_ = r.known.Throttle(context.Background(), a.Key, left)
 	}
 }

@@ -43,7 +43,7 @@ func FuzzThrottleAnnouncement(f *testing.F) {
 	f.Fuzz(func(t *testing.T, key string, ms, age int64, local bool, frame []byte) {
 		now := time.Now().UnixMilli()
 		// any frame from Redis: never longer than it says
-		r := NewRedisThrottles(nil)
+		r := NewRedisThrottles(&Redis{now: time.Now})
 		r.apply(&replay.Event{Pos: replay.Position{Epoch: 1, Seq: 1, Time: now - max(age, 0)%(1<<40)}, Frame: frame})
 		if data, ok := frameData(frame); ok {
 			var a announcement
@@ -77,7 +77,7 @@ func FuzzThrottleAnnouncement(f *testing.F) {
 			t.Fatalf("announcement %q is not a valid event", data)
 		}
 		ev.Local = local
-		r = NewRedisThrottles(nil)
+		r = NewRedisThrottles(&Redis{now: time.Now})
 		r.apply(ev)
 		left, _ := r.known.Remaining(context.Background(), key)
 		want := time.Duration(ms-elapsed) * time.Millisecond

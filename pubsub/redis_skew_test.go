@@ -1,0 +1,66 @@
+package pubsub
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/caddy-sse/caddy-sse/internal/redistest"
+)
+
+// skewed returns a clock off the system's by d: an instance whose clock
+// is ahead of (d > 0) or behind Redis' and the other instances'.
+func skewed(d time.Duration) func() time.Time {
+	return func() time.Time { return time.Now().Add(d) }
+}
+
+// Instances sharing one Redis do not share a clock. A lease is scored by
+// when it lapses: scored by the clock of the instance that took it, and
+// dropped as lapsed by the clock of the one that counts, an instance whose
+// clock is 20 s behind had its live lease (renewed a moment ago, 15 s to
+// go) removed by the next Acquire of another: a cap of 1 let 2 streams in.
+func TestRedisLeasesCapHoldsAcrossInstancesWithSkewedClocks(t *testing.T) {
+	srv := redistest.Start(t)
+	behind := newTestRedis(t, srv)
+	behind.now = skewed(-20 * time.Second)
+	a, b := NewRedisLeases(newTestRedis(t, srv)), NewRedisLeases(behind)
+	defer a.Close()
+	defer b.Close()
+	ctx := context.Background()
+	if _, err := b.Acquire(ctx, "p", 1, 15*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if counts, err := a.Counts(ctx, []string{"p"}); err != nil || counts["p"] != 1 {
+		t.Errorf("the other instance counts %v (%v), want 1 lease", counts, err)
+	}
+	if _, err := a.Acquire(ctx, "p", 1, 15*time.Second); !errors.Is(err, ErrLimitReached) {
+		t.Fatalf("a second lease for a cap of 1, on an instance whose clock is 20 s ahead: %v", err)
+	}
+}
+
+// A throttle is announced with the event's time (Redis' clock) and its
+// length; an instance that worked out what is left of it with its own
+// clock let the client straight in when that clock was ahead by more than
+// the throttle, and refused it for minutes longer when it was behind.
+func TestRedisThrottlesHoldAcrossInstancesWithSkewedClocks(t *testing.T) {
+	srv := redistest.Start(t)
+	opts := RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: 500 * time.Millisecond}
+	ctx := context.Background()
+	a := newRedisThrottles(t, opts)
+	_, _ = a.Remaining(ctx, "x")
+	waitLoaded(t, a)
+	for i, skew := range []time.Duration{2 * time.Minute, -2 * time.Minute} {
+		b := newRedisThrottles(t, opts)
+		b.b.now = skewed(skew)
+		_, _ = b.Remaining(ctx, "x")
+		waitLoaded(t, b)
+		srv.WaitShardSubscribers(t, b.b.Key(throttleChannel), 2+i)
+
+		key := "user|" + skew.String()
+		if err := a.Throttle(ctx, key, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		waitThrottled(t, b, key) // about a minute, not none or three
+	}
+}
