@@ -67,7 +67,7 @@ type redisLease struct {
 	flushed bool
 }
 
-// acquireLease takes a lease (ARGV[4]) unless limit are held. Leases of
+// acquireLease takes a lease (ARGV[3]) unless limit (ARGV[1]) are held. Leases of
 // the key this instance holds that Redis lost (a restart without
 // persistence, a failover that lost writes) are put back before counting,
 // or this instance would let the principal past its cap until its next
@@ -75,11 +75,11 @@ type redisLease struct {
 // with every Acquire cost O(held) per stream (O(n²) for a principal with
 // thousands of streams: Redis and the instance's lock saturated at a few
 // thousand), so a call sends only the newest few as a sample (a failover
-// loses the latest writes): ARGV[7] of them follow, as member and ttl
+// loses the latest writes): ARGV[6] of them follow, as member and ttl
 // pairs. When the set is gone (a restart, an eviction), or the sample had
 // to be put back (Redis lost leases, maybe more than the sample), while
-// this instance holds more than the sample (ARGV[5]), the script answers
-// -1 and the call is made again with all of them (ARGV[6] = 1). Only the
+// this instance holds more than the sample (ARGV[4]), the script answers
+// -1 and the call is made again with all of them (ARGV[5] = 1). Only the
 // first Acquire after a loss pays for that: it puts the sample back, so
 // the next ones find it. The rest of ARGV are leases of the key this instance
 // released and has not removed yet. A call that finds its own lease in the
@@ -89,22 +89,61 @@ type redisLease struct {
 // only lengthens it): a principal's set holds the leases of every instance
 // and route, whose lease_ttl may be longer than this one's (a rolling
 // change of the setting). Redis 7.0 has both options.
-var acquireLease = redis.NewScript(`
-local now = tonumber(ARGV[1])
-local listed = tonumber(ARGV[7])
-if ARGV[6] ~= '1' and listed < tonumber(ARGV[5]) and redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+//
+// Leases are scored, and found lapsed, by Redis' clock (leaseNow), never
+// an instance's: instances do not share a clock, and one whose clock was
+// ahead of another's by two thirds of a ttl (10 s by default) found that
+// one's live leases lapsed and dropped them, letting a principal past its
+// cap; a lease of one whose clock was ahead outlived its instance by as
+// much.
+var acquireLease = redis.NewScript(leaseNow + `
+local listed = tonumber(ARGV[6])
+if ARGV[5] ~= '1' and listed < tonumber(ARGV[4]) and redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local last = 7 + 2 * listed
+local last = 6 + 2 * listed
 local lost = 0
-for i = 8, last, 2 do lost = lost + redis.call('ZADD', KEYS[1], 'NX', now + tonumber(ARGV[i + 1]), ARGV[i]) end
-if ARGV[6] ~= '1' and lost > 0 and listed < tonumber(ARGV[5]) then return -1 end
+for i = 7, last, 2 do lost = lost + redis.call('ZADD', KEYS[1], 'NX', now + tonumber(ARGV[i + 1]), ARGV[i]) end
+if ARGV[5] ~= '1' and lost > 0 and listed < tonumber(ARGV[4]) then return -1 end
 for i = last + 1, #ARGV do redis.call('ZREM', KEYS[1], ARGV[i]) end
-local limit = tonumber(ARGV[2])
-if limit > 0 and redis.call('ZCARD', KEYS[1]) >= limit and not redis.call('ZSCORE', KEYS[1], ARGV[4]) then return 0 end
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[4])
-redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) * 2, 'NX')
-redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) * 2, 'GT')
+local limit = tonumber(ARGV[1])
+if limit > 0 and redis.call('ZCARD', KEYS[1]) >= limit and not redis.call('ZSCORE', KEYS[1], ARGV[3]) then return 0 end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[3])
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) * 2, 'NX')
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) * 2, 'GT')
 return 1`)
+
+// leaseNow starts the lease scripts: now is Redis' clock, in ms.
+const leaseNow = `
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+`
+
+// renewLeases scores the leases of a key (ARGV: member and ttl pairs) to
+// lapse a ttl from now, putting back those Redis lost (a restart without
+// persistence, a failover that lost writes, an outage longer than the
+// ttl: their streams would go uncounted for good), and sets the key's
+// expiry to twice the longest ttl unless it lasts longer (as acquireLease).
+var renewLeases = redis.NewScript(leaseNow + `
+local longest = 0
+for i = 1, #ARGV, 2 do
+  local ttl = tonumber(ARGV[i + 1])
+  redis.call('ZADD', KEYS[1], now + ttl, ARGV[i])
+  if ttl > longest then longest = ttl end
+end
+redis.call('PEXPIRE', KEYS[1], 2 * longest, 'NX')
+redis.call('PEXPIRE', KEYS[1], 2 * longest, 'GT')
+return 1`)
+
+// countLeases counts the live leases of a key, less those of its members
+// in ARGV (released by the caller, not yet removed).
+var countLeases = redis.NewScript(leaseNow + `
+local n = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+for i = 1, #ARGV do
+  local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if score and tonumber(score) > now then n = n - 1 end
+end
+if n < 0 then n = 0 end
+return n`)
 
 // maxAcquireTries bounds how often an Acquire refused while leases it put
 // back were released is made again.
@@ -241,7 +280,7 @@ func (r *RedisLeases) runAcquire(ctx context.Context, l *redisLease, limit int, 
 		flag = 1
 	}
 	args := make([]any, 0, 7+2*len(listed)+len(released))
-	args = append(args, r.b.now().UnixMilli(), limit, l.ttl.Milliseconds(), l.member, n, flag, len(listed))
+	args = append(args, limit, l.ttl.Milliseconds(), l.member, n, flag, len(listed))
 	for _, h := range listed {
 		args = append(args, h.member, h.ttl.Milliseconds())
 	}
@@ -458,23 +497,53 @@ func (r *RedisLeases) renew() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.callTimeout())
 	defer cancel()
-	now := r.b.now().UnixMilli()
-	pipe := r.b.client.Pipeline()
-	longest := map[string]time.Duration{} // of each key's leases: its expiry is set once
+	byKey := map[string][]any{}
 	for _, l := range leases {
-		// ZADD, not ZADD XX: a lease Redis lost (a restart without
-		// persistence, a failover that lost writes, an outage longer than the
-		// ttl) is put back, or its stream would go uncounted for good
-		pipe.ZAdd(ctx, l.key, redis.Z{Score: float64(now + l.ttl.Milliseconds()), Member: l.member})
-		longest[l.key] = max(longest[l.key], l.ttl)
+		byKey[l.key] = append(byKey[l.key], l.member, l.ttl.Milliseconds())
 	}
-	for key, ttl := range longest {
-		expireNoSooner(ctx, pipe, key, 2*ttl)
+	keys := make([]string, 0, len(byKey))
+	for key := range byKey {
+		keys = append(keys, key)
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	_, err := r.runPipelined(ctx, renewLeases, keys, func(i int) []any { return byKey[keys[i]] })
+	if err != nil {
 		r.b.log().Debug("renewing connection leases failed", zap.Int("leases", len(leases)), zap.Error(err))
 		r.b.classify(err)
 	}
+}
+
+// runPipelined runs script on each of keys, with args(i), in one
+// pipeline, by digest; those that Redis answers it does not have the
+// script (a restart, SCRIPT FLUSH, a new primary) are sent again with its
+// source, within a callTimeout of their own: on a cluster, the first
+// pipeline ends only when every primary answered, or at ctx's end if one
+// hangs, and the leases on the others are still to be renewed (loading
+// the script on every primary would wait for the hung one too). It
+// returns each call and the first error of those that failed.
+func (r *RedisLeases) runPipelined(ctx context.Context, script *redis.Script, keys []string, args func(i int) []any) ([]*redis.Cmd, error) {
+	pipe := r.b.client.Pipeline()
+	cmds := make([]*redis.Cmd, len(keys))
+	for i, key := range keys {
+		cmds[i] = script.EvalSha(ctx, pipe, []string{key}, args(i)...)
+	}
+	_, _ = pipe.Exec(ctx)
+	if slices.ContainsFunc(cmds, isNoScript) {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.callTimeout())
+		defer cancel()
+		pipe := r.b.client.Pipeline()
+		for i, key := range keys {
+			if isNoScript(cmds[i]) {
+				cmds[i] = script.Eval(ctx, pipe, []string{key}, args(i)...)
+			}
+		}
+		_, _ = pipe.Exec(ctx)
+	}
+	for _, cmd := range cmds {
+		if err := cmd.Err(); err != nil {
+			return cmds, err
+		}
+	}
+	return cmds, nil
 }
 
 func (r *RedisLeases) flushReleases() {
@@ -559,46 +628,28 @@ func (r *RedisLeases) Held(ctx context.Context, principal string) (int, error) {
 		return 0, err
 	}
 	_, _, released := r.leasesOf(key, false)
-	now := r.b.now().UnixMilli()
-	pipe := r.b.client.Pipeline()
-	live := pipe.ZCount(ctx, key, "("+strconv.FormatInt(now, 10), "+inf")
-	var scores *redis.FloatSliceCmd
-	if len(released) > 0 {
-		members := make([]string, len(released))
-		for i, m := range released {
-			members[i] = m.(string)
-		}
-		scores = pipe.ZMScore(ctx, key, members...)
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	cmds, err := r.runPipelined(ctx, countLeases, []string{key}, func(int) []any { return released })
+	if err != nil {
 		return 0, fmt.Errorf("counting leases: %w", r.b.classify(err))
 	}
-	n := int(live.Val())
-	if scores != nil {
-		for _, score := range scores.Val() {
-			if score > float64(now) {
-				n-- // released here, still in the set until maintain removes it
-			}
-		}
-	}
-	return max(n, 0), nil
+	n, _ := cmds[0].Int()
+	return n, nil
 }
 
 // Counts returns how many live leases each principal holds across every
 // instance.
 func (r *RedisLeases) Counts(ctx context.Context, principals []string) (map[string]int, error) {
-	now := strconv.FormatInt(r.b.now().UnixMilli(), 10)
-	pipe := r.b.client.Pipeline()
-	cmds := make([]*redis.IntCmd, len(principals))
+	keys := make([]string, len(principals))
 	for i, p := range principals {
-		cmds[i] = pipe.ZCount(ctx, r.key(p), "("+now, "+inf")
+		keys[i] = r.key(p)
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	cmds, err := r.runPipelined(ctx, countLeases, keys, func(int) []any { return nil })
+	if err != nil {
 		return nil, fmt.Errorf("counting leases: %w", r.b.classify(err))
 	}
 	out := make(map[string]int, len(principals))
 	for i, p := range principals {
-		out[p] = int(cmds[i].Val())
+		out[p], _ = cmds[i].Int()
 	}
 	return out, nil
 }
@@ -676,10 +727,3 @@ var (
 	_ LeaseCounter    = (*RedisLeases)(nil)
 	_ ReleaseNotifier = (*redisLease)(nil)
 )
-
-// expireNoSooner sets key to expire in ttl unless it already expires
-// later (see acquireLease).
-func expireNoSooner(ctx context.Context, pipe redis.Pipeliner, key string, ttl time.Duration) {
-	pipe.Do(ctx, "PEXPIRE", key, ttl.Milliseconds(), "NX")
-	pipe.Do(ctx, "PEXPIRE", key, ttl.Milliseconds(), "GT")
-}
