@@ -38,6 +38,13 @@ type RedisThrottles struct {
 	last      replay.Position  // of the newest announcement known
 	reloading bool             // a read of the history is under way
 	ready     chan struct{}    // closed once loaded
+	// offset is how far Redis' clock, which dates the announcements, is
+	// ahead of this instance's (ms), as last measured (clocked) by load:
+	// instances do not share a clock, and one ahead of Redis' by more than
+	// a throttle took every announcement of it for over, one behind held
+	// the client off for that much longer
+	offset    int64
+	clocked   bool
 	readyOnce sync.Once
 	stop      chan struct{}
 }
@@ -191,6 +198,7 @@ func (r *RedisThrottles) load() {
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		r.b.watch.synced(ctx, r.b.Key(throttleChannel)) // not synced (Redis slow or down): read anyway, or fail and retry
+		r.measureClock(ctx)
 		// a position of no epoch: the read is truncated to the newest events
 		page, err := r.hub.Read(ctx, throttleChannel, &replay.Position{}, throttleHistory.Count)
 		cancel()
@@ -214,6 +222,25 @@ func (r *RedisThrottles) load() {
 		}
 		wait = min(2*wait, 5*time.Second)
 	}
+}
+
+// measureClock measures how far the clock of Redis (the primary of the
+// announcements) is ahead of this instance's.
+func (r *RedisThrottles) measureClock(ctx context.Context) {
+	node, err := r.b.nodeFor(ctx, r.b.Key(throttleChannel))
+	if err != nil {
+		return
+	}
+	sent := r.b.now()
+	at, err := node.Time(ctx).Result()
+	if err != nil {
+		return // the read fails too, most likely, and load tries again
+	}
+	back := r.b.now()
+	mid := sent.Add(back.Sub(sent) / 2)
+	r.mu.Lock()
+	r.offset, r.clocked = at.UnixMilli()-mid.UnixMilli(), true
+	r.mu.Unlock()
 }
 
 // Deliver receives the announcements of every instance.
@@ -257,11 +284,18 @@ func (r *RedisThrottles) apply(ev *replay.Event) {
 	if json.Unmarshal(data, &a) != nil || a.Key == "" {
 		return
 	}
-	until := time.UnixMilli(ev.Pos.Time + a.MS)
-	if ev.Local || ev.Pos.Time == 0 {
-		until = r.b.now().Add(time.Duration(a.MS) * time.Millisecond)
+	now := r.b.now()
+	r.mu.Lock()
+	offset, clocked := r.offset, r.clocked
+	r.mu.Unlock()
+	// the announcement's time is Redis': what is left of the throttle is
+	// counted on Redis' clock (one not measured yet: the announcement,
+	// which arrived before the first load, is taken as new)
+	left := time.Duration(ev.Pos.Time+a.MS-(now.UnixMilli()+offset)) * time.Millisecond
+	if ev.Local || ev.Pos.Time == 0 || !clocked {
+		left = time.Duration(a.MS) * time.Millisecond
 	}
-	if left := until.Sub(r.b.now()); left > 0 {
+	if left > 0 {
 		_ = r.known.Throttle(context.Background(), a.Key, left)
 	}
 }
