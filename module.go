@@ -237,6 +237,17 @@ type Handler struct {
 	limits            replay.Limits
 	metrics           *metrics
 	warnings          *warnings // those that can come per request, rate-limited
+	// clock is this instance's clock (nil: time.Now); a test sets it to an
+	// instance whose clock is off the hub's
+	clock func() time.Time
+}
+
+// now reads the instance's clock.
+func (h *Handler) now() time.Time {
+	if h.clock != nil {
+		return h.clock()
+	}
+	return time.Now()
 }
 
 // PublishConfig enables publishing on a route.

@@ -132,7 +132,7 @@ func (s *stream) now() int64 {
 }
 
 // lasted is how long the stream has been streaming.
-func (s *stream) lasted() time.Duration { return time.Duration(time.Now().UnixNano() - s.began) }
+func (s *stream) lasted() time.Duration { return time.Duration(s.h.now().UnixNano() - s.began) }
 
 func newStream(h *Handler, names []string) *stream {
 	s := &stream{

@@ -155,7 +155,7 @@ func (h *Handler) serveStream(w http.ResponseWriter, r *http.Request, s *stream,
 // begin registers an open stream, counts it and logs it.
 func (s *stream) begin(replay bool, start startingPoint) {
 	h := s.h
-	s.began = time.Now().UnixNano()
+	s.began = h.now().UnixNano()
 	h.streams.add(s)
 	h.metrics.streamOpened()
 	s.begun = true

@@ -1,0 +1,66 @@
+package caddysse
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/caddy-sse/caddy-sse/internal/redistest"
+	"github.com/caddy-sse/caddy-sse/pubsub"
+	"github.com/caddy-sse/caddy-sse/replay"
+)
+
+// A degraded stream that recovers is given, on a channel this instance did
+// not follow when it opened, the events dated since it opened (less
+// openedSlack). Events are dated by Redis' clock; the stream's opening was
+// by this instance's: one whose clock was ahead of Redis' by more than the
+// slack (here 20 s) left out the events published in the first seconds
+// after the stream opened (all of those of a short outage), silently.
+func TestADegradedStreamOnAnInstanceAheadOfRedisGetsTheEventsSinceItOpened(t *testing.T) {
+	rds := redistest.Start(t)
+	hub, err := pubsub.NewRedisHub(pubsub.RedisOptions{Addrs: []string{rds.Addr()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = hub.Close() })
+	for _, skew := range []time.Duration{20 * time.Second, -20 * time.Second} {
+		channel := "a" + skew.String()
+		h := validHandler()
+		h.logger = zap.NewNop()
+		h.metrics = newMetrics()
+		h.hub = hub
+		h.limits = h.hubLimits()
+		h.clock = func() time.Time { return time.Now().Add(skew) }
+		if _, err := hub.Publish(context.Background(), channel, pubsub.Message{Data: []byte("before")}, h.limits); err != nil {
+			t.Fatal(err)
+		}
+		s := newStream(h, []string{channel})
+		s.began = h.now().UnixNano() // it opens, degraded
+		sp, err := s.startingPoint(context.Background(), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var last replay.Position
+		for i := range 3 {
+			if last, err = hub.Publish(context.Background(), channel, pubsub.Message{Data: []byte(strconv.Itoa(i))}, h.limits); err != nil {
+				t.Fatal(err)
+			}
+		}
+		sp.pages[0].Head = last // what the recovering stream's starting point reads now
+		if err := s.addSinceOpened(context.Background(), &sp); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, ev := range sp.pages[0].Events {
+			got = append(got, string(ev.Frame))
+		}
+		// "before", published just before it opened, may be among them
+		// (openedSlack); the three published since must
+		if n := len(got); n < 3 || got[n-3] != "data: 0\n" || got[n-1] != "data: 2\n" {
+			t.Errorf("instance clock %v off Redis': the recovering stream gets %q, want at least the 3 events published since it opened", skew, got)
+		}
+	}
+}
