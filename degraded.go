@@ -221,7 +221,7 @@ func (s *stream) countStart(d *rareState, first, truncated bool) {
 
 // openedSlack is how much earlier than the stream's start an event may
 // have been published and still be written to a degraded stream's live
-// channels: the backend's clock (which dates events) may be behind ours.
+// channels.
 const openedSlack = 5 * time.Second
 
 // addSinceOpened gives the starting point's live channels (those the
@@ -234,11 +234,15 @@ const openedSlack = 5 * time.Second
 // the events after the last one it saw (degrade); on another, the events
 // dated since the stream opened, less openedSlack: events from a little
 // before it opened may be among them, and its client, which holds no
-// position there, is better off with those than without the others. If
+// position there, is better off with those than without the others. The
+// events are dated by the hub's clock (Redis'), which this instance's may
+// be off by any amount: the opening is placed on the hub's clock, as long
+// before its now as the stream has lasted (one ahead of Redis' by more
+// than the slack left out, silently, the events of the stream's first
+// seconds). If
 // more were published since it opened than a replay holds, it gets the
 // newest and is told that channel was truncated, as any replay cut short.
 func (s *stream) addSinceOpened(ctx context.Context, sp *startingPoint) error {
-	since := time.Unix(0, s.began).Add(-openedSlack).UnixMilli()
 	var opened []replay.Position
 	if r := s.rare.Load(); r != nil {
 		opened = r.opened
@@ -256,6 +260,15 @@ func (s *stream) addSinceOpened(ctx context.Context, sp *startingPoint) error {
 			return err
 		}
 		events := page.Events
+		var since int64
+		if after.IsZero() && len(events) > 0 {
+			// per channel: those of a cluster have the clocks of their primaries
+			now, err := s.h.hub.Now(ctx, s.names[slot])
+			if err != nil {
+				return err
+			}
+			since = now.Add(-s.lasted() - openedSlack).UnixMilli()
+		}
 		for after.IsZero() && len(events) > 0 && events[0].Pos.Time < since {
 			events = events[1:]
 		}

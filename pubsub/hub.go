@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/caddy-sse/caddy-sse/replay"
 )
@@ -113,6 +114,22 @@ func (h *Hub) Read(ctx context.Context, channel string, after *replay.Position, 
 		return replay.Page{}, ErrClosed
 	}
 	return h.broker.Read(ctx, channel, after, limit)
+}
+
+// Clock is a broker whose clock, which dates the events it publishes
+// (replay.Position's Time), is not this process's.
+type Clock interface {
+	// Now reads the clock that dates channel's events.
+	Now(ctx context.Context, channel string) (time.Time, error)
+}
+
+// Now reads the clock that dates channel's events: the broker's, if it
+// has one of its own (Clock), else this process's.
+func (h *Hub) Now(ctx context.Context, channel string) (time.Time, error) {
+	if c, ok := h.broker.(Clock); ok {
+		return c.Now(ctx, channel)
+	}
+	return time.Now(), nil
 }
 
 // Subscribe makes sub receive the live events of channels from now on;

@@ -731,6 +731,17 @@ func (b *Redis) BackendStatus() BackendStatus {
 	return st
 }
 
+// Now reads the clock of the Redis primary of channel, which dates its
+// events: the instances' clocks may be off it, and each other's.
+func (b *Redis) Now(ctx context.Context, channel string) (time.Time, error) {
+	node, err := b.nodeFor(ctx, b.Key(channel))
+	if err != nil {
+		return time.Time{}, b.unavailable(err)
+	}
+	at, err := node.Time(ctx).Result()
+	return at, b.classify(err)
+}
+
 // Watch subscribes this instance to the channel's announcements.
 func (b *Redis) Watch(channel string) { b.watch.want(channel, true) }
 
@@ -835,5 +846,6 @@ func newLocalEpoch() uint32 {
 // Interface guards
 var (
 	_ Broker          = (*Redis)(nil)
+	_ Clock           = (*Redis)(nil)
 	_ BackendReporter = (*Redis)(nil)
 )
