@@ -459,6 +459,13 @@ func (s *stream) open(ctx context.Context, sp startingPoint) error {
 // writeStart writes the truncation notice and the replay of a starting
 // point, and flushes. idGiven says that the stream's cursor went out as an
 // id since its positions were last set.
+//
+// A start that replays nothing gives the cursor in an id-only block if it
+// was not given: after a truncation, and on a degraded stream that has just
+// recovered as a whole (recover), which opened without an id — cut before
+// its first event, it would otherwise reconnect live (its client may have
+// come without a cursor), losing what was published meanwhile, as a stream
+// that opens with its positions no longer does.
 func (s *stream) writeStart(sp startingPoint, idGiven bool) error {
 	if len(sp.truncated) > 0 {
 		data, _ := json.Marshal(map[string][]string{"channels": sp.truncated})
@@ -474,10 +481,12 @@ func (s *stream) writeStart(sp startingPoint, idGiven bool) error {
 		}
 		return err
 	}
-	if len(sp.truncated) > 0 && replayed == 0 && !idGiven {
+	if replayed == 0 && !idGiven && (len(sp.truncated) > 0 || !s.degraded.Load()) {
 		// nothing replayed moves the client's Last-Event-ID off the cursor
 		// that was truncated (or did not parse): until the next event, each
-		// reconnect would be told truncated again though it missed nothing
+		// reconnect would be told truncated again though it missed nothing.
+		// (A stream degraded in part still does not know the positions of
+		// the channels it waits for: it says nothing unless truncated.)
 		if err := s.writeID(); err != nil {
 			return err
 		}
