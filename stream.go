@@ -749,7 +749,8 @@ func (s *stream) writeClosing(n *closeNotice) error {
 // also keeps the client's position under the letter of the WHATWG
 // standard, whose last event ID buffer starts empty on each connection.)
 // A degraded stream does not know its channels' positions: it says
-// nothing, and its client keeps the id it came with.
+// nothing, and its client keeps the id it came with (said back at its
+// opening, for the letter of WHATWG: open).
 func (s *stream) appendResumeID(buf []byte) []byte {
 	if s.degraded.Load() {
 		return buf

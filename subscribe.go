@@ -121,11 +121,42 @@ func (h *Handler) openStream(w http.ResponseWriter, r *http.Request) (*stream, s
 // was read, and the config's hub is closed — as the config's open streams
 // were answered: server_closing, so that the client reconnects to the next
 // config. A 503 would make a browser's EventSource give up for good. It
-// opens as every stream does, then says server_closing at once.
+// opens as every stream does, then says server_closing at once. Its
+// opening gives the client's cursor back as the id (endWithClientID): the
+// stream has no position of its own to give.
 func (h *Handler) tellToReconnect(w http.ResponseWriter, r *http.Request, n *closeNotice) error {
 	h.logger.Debug("stream told to reconnect: the config is closing", zap.String("reason", n.reason), zap.String("remote", r.RemoteAddr))
-	writeShortStream(w, r, appendClosing(h.appendPreamble(nil), n))
+	writeShortStream(w, r, appendClosing(endWithClientID(h.appendPreambleLines(nil), lastEventID(r)), n))
 	return nil
+}
+
+// appendClientID appends an id-only block of the client's cursor idText if
+// it is one, and reports whether it did. An answer that opens a connection
+// without giving a position of its own says the client's back so that the
+// client keeps it under the letter of the WHATWG standard: its last event
+// ID buffer starts empty on each connection, and the first blank line
+// (even one that dispatches nothing) sets its Last-Event-ID to that buffer
+// — its next connection would start live, losing what was published
+// meanwhile, or replay again from an older lastEventID in its URL. The
+// cursor is written re-encoded from what it parsed to, never as the text
+// the client sent (a lastEventID query parameter can hold a newline); text
+// that is not a cursor is not said back.
+func appendClientID(buf []byte, idText string) ([]byte, bool) {
+	entries, ok := replay.ParseCursor(idText)
+	if !ok {
+		return buf, false
+	}
+	var ids replay.CursorEncoder
+	return wire.AppendID(buf, ids.Encode(entries)), true
+}
+
+// endWithClientID ends the block in buf with the id line of the client's
+// cursor idText if it is one (appendClientID), or with its blank line.
+func endWithClientID(buf []byte, idText string) []byte {
+	if out, ok := appendClientID(buf, idText); ok {
+		return out
+	}
+	return wire.AppendEnd(buf)
 }
 
 // serveStream starts the stream on net/http — headers, preamble, replay,
@@ -406,12 +437,6 @@ func setStreamHeaders(hdr http.Header) {
 	hdr.Del("Content-Length")
 }
 
-// appendPreamble appends the opening block of a stream that has no
-// position to give: a comment and the retry hint.
-func (h *Handler) appendPreamble(buf []byte) []byte {
-	return wire.AppendEnd(h.appendPreambleLines(buf))
-}
-
 // appendPreambleLines appends what every stream opens with, a comment and
 // the retry hint, without the blank line that ends the block.
 func (h *Handler) appendPreambleLines(buf []byte) []byte {
@@ -429,14 +454,15 @@ func (h *Handler) appendPreambleLines(buf []byte) []byte {
 // keeps a reconnected client's Last-Event-ID under the letter of the WHATWG
 // standard, whose last event ID buffer starts empty on each connection and
 // whose first blank line would otherwise set it to "". A degraded stream
-// does not know its positions: it opens without an id.
+// does not know its positions: it gives the client's cursor back, if it
+// came with one (endWithClientID), which its client keeps.
 func (s *stream) open(ctx context.Context, sp startingPoint) error {
 	idGiven := !s.degraded.Load()
 	s.buf = s.h.appendPreambleLines(s.buf[:0])
 	if idGiven {
 		s.buf = s.appendIDBlock(s.buf)
 	} else {
-		s.buf = wire.AppendEnd(s.buf)
+		s.buf = endWithClientID(s.buf, s.rare.Load().idText) // made by degrade
 	}
 	if err := s.out.Write(s.buf); err != nil {
 		return err
