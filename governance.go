@@ -205,10 +205,13 @@ func (h *Handler) inStream(r *http.Request, rej *rejection) bool {
 // rejectInStream answers a temporary refusal with a stream (SPEC S2): the
 // stream's headers, "retry:" set to Retry-After, one sse_rejected event
 // with the JSON body a status refusal would carry, and the end. A browser's
-// EventSource then reconnects after that delay instead of giving up.
+// EventSource then reconnects after that delay instead of giving up. A
+// client that came with a cursor is given it back first, in an id-only
+// block, so that it keeps it (appendClientID).
 func rejectInStream(w http.ResponseWriter, r *http.Request, rej *rejection, retryAfter time.Duration) {
 	data, _ := json.Marshal(errorBody{Error: rej.code, Detail: rej.detail})
-	buf := wire.AppendRetry(nil, wholeSeconds(retryAfter)*1000)
+	buf, _ := appendClientID(nil, lastEventID(r))
+	buf = wire.AppendRetry(buf, wholeSeconds(retryAfter)*1000)
 	writeShortStream(w, r, wire.AppendEnd(wire.AppendEvent(buf, wire.TypeRejected, data)))
 }
 
