@@ -617,8 +617,8 @@ func (r *RedisLeases) removed() {
 
 // Held returns how many live leases principal holds across every instance,
 // less those this instance released and has not removed yet (an Acquire
-// would remove them first). It only reads: one ZCOUNT, and a ZMSCORE of
-// the released ones when there are any. An unreachable Redis returns
+// would remove them first). It only reads, in one script (countLeases) by
+// Redis' clock. An unreachable Redis returns
 // ErrUnavailable at once, as Acquire does.
 func (r *RedisLeases) Held(ctx context.Context, principal string) (int, error) {
 	key := r.key(principal)
