@@ -91,6 +91,10 @@ type stream struct {
 	tk             atomic.Pointer[tconn] // set once an event loop writes it (takeover)
 	eventsSent     int64
 	batchStartedMs int64 // when the stream took its queue, for latency
+	// batchResumed says that the batch drainBatch gets next is the rest of
+	// one it took already (an event loop hands it to a goroutine at a gap):
+	// its take was observed and timed then, not again
+	batchResumed bool
 
 	names         []string                // channels as the client names them
 	keys          []string                // channels as the hub names them (namespaced)
@@ -461,10 +465,11 @@ func (s *stream) drain(ctx context.Context) error {
 // history (a gap) and returns the rest of the batch with errNeedsHistory,
 // having flushed what it wrote.
 func (s *stream) drainBatch(ctx context.Context, batch []queued, overflowed bool) ([]queued, error) {
-	if len(batch) > 0 {
+	if len(batch) > 0 && !s.batchResumed {
 		s.batchStartedMs = s.now() / int64(time.Millisecond)
 		s.h.metrics.queueDepth(s.shard, len(batch))
 	}
+	s.batchResumed = false
 	if overflowed {
 		s.queueFull(len(batch))
 	}

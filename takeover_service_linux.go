@@ -89,6 +89,7 @@ func (l *pollLoop) service(s *stream) {
 		// a send of the round failed and ended it (enqueue submits every
 		// submitEvery chunks): nothing may write to its descriptor now
 	case errors.Is(err, errNeedsHistory):
+		s.batchResumed = true // taken, observed and timed already
 		l.slow(s, rest, false)
 	case errors.Is(err, errClosing):
 		// told to close between two events (a reload): what it wrote of
