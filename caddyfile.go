@@ -86,6 +86,22 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return err
 		}
 	}
+	return h.validateParsed(d)
+}
+
+// validateParsed refuses settings that conflict with each other or with a
+// default (max_event_size over the default history_bytes, fallback local
+// without redis, ...), naming the sse directive's line: Validate refuses
+// them too, but when the config loads, naming neither the file nor which
+// sse block, and `caddy adapt` passed them.
+func (h *Handler) validateParsed(d *caddyfile.Dispenser) error {
+	parsed := *h
+	parsed.applyDefaults()
+	if err := parsed.Validate(); err != nil {
+		d.Reset()
+		d.Next() // the directive's name
+		return d.WrapErr(err)
+	}
 	return nil
 }
 
@@ -192,8 +208,9 @@ func (h *Handler) unmarshalHistory(d *caddyfile.Dispenser) error {
 	h.HistorySize = n
 	if len(args) == 2 {
 		age, err := caddy.ParseDuration(args[1])
-		if err != nil || age <= 0 {
-			return d.Errf("history: max age must be a positive duration, got %q", args[1])
+		if err != nil || age < time.Millisecond {
+			// Redis is given it in whole milliseconds, and refuses 0
+			return d.Errf("history: max age must be a duration of at least 1ms, got %q", args[1])
 		}
 		h.HistoryMaxAge = caddy.Duration(age)
 	}

@@ -1,6 +1,7 @@
 package caddysse
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -122,12 +123,16 @@ func TestAFailedProvisionReleasesWhatItTook(t *testing.T) {
 	bad := map[string]string{
 		"bad second redis url": lifeSSE("/a", "redis "+rds.URL()) + lifeSSE("/b", "redis redis://[::1"),
 		"missing CA file":      lifeSSE("/a", "redis "+rds.URL()) + lifeSSE("/b", "redis {\n\t\t\turl "+rds.URL()+"\n\t\t\tprefix p2\n\t\t\ttls "+missingCA+"\n\t\t}"),
-		"invalid after redis":  lifeSSE("/a", "redis "+rds.URL()) + lifeSSE("/b", "redis "+rds.URL()+"\n\t\tmax_connections_per_principal 2"),
-		"invalid writer":       lifeSSE("/a", "writer takeover") + lifeSSE("/b", "max_connections_per_principal 2"),
+		"invalid after redis":  lifeSSE("/a", "redis "+rds.URL()) + lifeSSE("/b", "redis "+rds.URL()+"\n\t\tmax_connections 7777"),
+		"invalid writer":       lifeSSE("/a", "writer takeover") + lifeSSE("/b", "max_connections 7777"),
 	}
 	for name, body := range bad {
 		text := globalOptions("") + strings.ReplaceAll(lifeSite(body), "{PORT}", strconv.Itoa(srv.port))
-		err := caddy.Load(adapt(t, text), true)
+		// the Caddyfile refuses a cap per principal without a principal
+		// when it is adapted: the JSON has one, which only Validate
+		// refuses, after the handler took its hub
+		cfg := bytes.ReplaceAll(adapt(t, text), []byte(`"max_connections":7777`), []byte(`"max_connections_per_principal":2`))
+		err := caddy.Load(cfg, true)
 		if err == nil {
 			t.Fatalf("%s: the config loaded", name)
 		}

@@ -88,7 +88,8 @@ type Handler struct {
 	// a reconnect. Default: 1000.
 	HistorySize int `json:"history_size,omitempty"`
 
-	// HistoryMaxAge is how long each event is kept for replay. Default: 24h.
+	// HistoryMaxAge is how long each event is kept for replay. Default: 24h;
+	// at least 1ms (Redis counts it in milliseconds).
 	HistoryMaxAge caddy.Duration `json:"history_max_age,omitempty"`
 
 	// HistoryBytes bounds the size of a channel's kept events, so that a few
@@ -526,7 +527,9 @@ func (h *Handler) validateLimits() error {
 	}{
 		{h.Retry >= 0, "retry must not be negative"},
 		{h.HistorySize > 0, "history size must be positive"},
-		{h.HistoryMaxAge > 0, "history max age must be positive"},
+		// Redis is given the age in whole milliseconds: under one, 0, which
+		// it refuses at every publish
+		{h.HistoryMaxAge >= caddy.Duration(time.Millisecond), "history max age must be at least 1ms"},
 		{h.ReplayLimit > 0, "replay_limit must be positive"},
 		{h.MaxChannels > 0, "max_channels must be positive"},
 		{h.MaxEventSize > 0, "max_event_size must be positive"},

@@ -86,7 +86,8 @@ type RedisConfig struct {
 	// lose. Default: 0 (do not wait).
 	WaitReplicas int `json:"wait_replicas,omitempty"`
 
-	// WaitTimeout bounds that wait. Default: 1s.
+	// WaitTimeout bounds that wait. Default: 1s; at least 1ms (WAIT takes
+	// whole milliseconds).
 	WaitTimeout caddy.Duration `json:"wait_timeout,omitempty"`
 
 	// PoolSize is the size of go-redis' pool of command connections.
@@ -109,7 +110,7 @@ type RedisConfig struct {
 	MaxRetries int `json:"max_retries,omitempty"`
 
 	// MinRetryBackoff is the least wait before a retry. Default: go-redis'
-	// own (10ms).
+	// own (10ms). It may not be longer than MaxRetryBackoff.
 	MinRetryBackoff caddy.Duration `json:"min_retry_backoff,omitempty"`
 
 	// MaxRetryBackoff is the longest wait before a retry. Default: go-redis'
@@ -464,6 +465,21 @@ func validateRedisOptions(o pubsub.RedisOptions) error {
 			return fmt.Errorf("redis: %s must not be negative", d.name)
 		}
 	}
+	if o.WaitTimeout > 0 && o.WaitTimeout < time.Millisecond {
+		// WAIT takes whole milliseconds, and waits for ever on 0
+		return errors.New("redis: wait_timeout must be at least 1ms")
+	}
+	return checkRetryBackoffs(o.MinRetryBackoff, o.MaxRetryBackoff)
+}
+
+// checkRetryBackoffs refuses a min_retry_backoff longer than the
+// max_retry_backoff (go-redis' defaults for those left out): go-redis
+// would wait the max before every retry, the min silently left out.
+func checkRetryBackoffs(least, most time.Duration) error {
+	o := pubsub.RedisOptions{MinRetryBackoff: least, MaxRetryBackoff: most}.WithDefaults()
+	if o.MinRetryBackoff > o.MaxRetryBackoff {
+		return fmt.Errorf("redis: min_retry_backoff (%v) must not be longer than max_retry_backoff (%v)", o.MinRetryBackoff, o.MaxRetryBackoff)
+	}
 	return nil
 }
 
@@ -522,6 +538,9 @@ func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.Err("redis: give a url or addresses, not both")
 	case c.Cluster && c.Sentinel != "":
 		return d.Err("redis: cluster or sentinel <master-name>, not both")
+	}
+	if err := checkRetryBackoffs(time.Duration(c.MinRetryBackoff), time.Duration(c.MaxRetryBackoff)); err != nil {
+		return d.Err(err.Error()) // validateRedisOptions refuses it too, without the line
 	}
 	return nil
 }
@@ -594,8 +613,9 @@ func (c *RedisConfig) unmarshalWait(d *caddyfile.Dispenser) error {
 	c.WaitReplicas = n
 	if len(args) == 2 {
 		dur, err := caddy.ParseDuration(args[1])
-		if err != nil || dur <= 0 {
-			return d.Errf("wait_replicas: timeout must be a positive duration, got %q", args[1])
+		if err != nil || dur < time.Millisecond {
+			// WAIT takes whole milliseconds, and waits for ever on 0
+			return d.Errf("wait_replicas: timeout must be a duration of at least 1ms, got %q", args[1])
 		}
 		c.WaitTimeout = caddy.Duration(dur)
 	}
