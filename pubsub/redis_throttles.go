@@ -198,11 +198,13 @@ func (r *RedisThrottles) load() {
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		r.b.watch.synced(ctx, r.b.Key(throttleChannel)) // not synced (Redis slow or down): read anyway, or fail and retry
-		r.measureClock(ctx)
+		clocked := r.measureClock(ctx)
 		// a position of no epoch: the read is truncated to the newest events
 		page, err := r.hub.Read(ctx, throttleChannel, &replay.Position{}, throttleHistory.Count)
 		cancel()
-		if err == nil {
+		// not applied before Redis' clock was measured once: apply would
+		// take every announcement of the history, a day of them, for new
+		if err == nil && clocked {
 			for _, ev := range page.Events {
 				r.apply(ev)
 			}
@@ -225,22 +227,25 @@ func (r *RedisThrottles) load() {
 }
 
 // measureClock measures how far the clock of Redis (the primary of the
-// announcements) is ahead of this instance's.
-func (r *RedisThrottles) measureClock(ctx context.Context) {
+// announcements) is ahead of this instance's. It reports whether that is
+// known: measured now, or by an earlier load (a failed measurement keeps
+// it).
+func (r *RedisThrottles) measureClock(ctx context.Context) bool {
 	node, err := r.b.nodeFor(ctx, r.b.Key(throttleChannel))
-	if err != nil {
-		return
+	if err == nil {
+		sent := r.b.now()
+		var at time.Time
+		if at, err = node.Time(ctx).Result(); err == nil {
+			back := r.b.now()
+			mid := sent.Add(back.Sub(sent) / 2)
+			r.mu.Lock()
+			r.offset, r.clocked = at.UnixMilli()-mid.UnixMilli(), true
+			r.mu.Unlock()
+		}
 	}
-	sent := r.b.now()
-	at, err := node.Time(ctx).Result()
-	if err != nil {
-		return // the read fails too, most likely, and load tries again
-	}
-	back := r.b.now()
-	mid := sent.Add(back.Sub(sent) / 2)
 	r.mu.Lock()
-	r.offset, r.clocked = at.UnixMilli()-mid.UnixMilli(), true
-	r.mu.Unlock()
+	defer r.mu.Unlock()
+	return r.clocked // not yet: load tries again
 }
 
 // Deliver receives the announcements of every instance.
