@@ -64,3 +64,60 @@ func TestADegradedStreamOnAnInstanceAheadOfRedisGetsTheEventsSinceItOpened(t *te
 		}
 	}
 }
+
+// A namespaced channel's events are in Redis under the namespaced name, on
+// that name's primary, whose clock dates them. A recovering stream read the
+// clock of the primary of the name without its namespace: on a cluster,
+// another primary (whose clock may be off the channel's), and while that
+// one does not answer (here paused, as when it fails over or hangs) the
+// catch-up of a channel whose own primary answers failed, and the stream
+// stayed degraded.
+func TestADegradedNamespacedStreamOnAClusterReadsItsChannelsPrimaryClock(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	hub, err := pubsub.NewRedisHub(pubsub.RedisOptions{Addrs: cluster.Addrs(), ReadTimeout: 300 * time.Millisecond, MaxRetries: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = hub.Close() })
+	h := validHandler()
+	h.Namespace = "ns"
+	h.logger = zap.NewNop()
+	h.metrics = newMetrics()
+	h.hub = hub
+	h.limits = h.hubLimits()
+	var channel string
+	for i := 0; channel == ""; i++ {
+		c := "c" + strconv.Itoa(i)
+		if cluster.NodeOfSlot(t, redistest.SlotOf(c)) != cluster.NodeOfSlot(t, redistest.SlotOf(h.channelKey(c))) {
+			channel = c
+		}
+	}
+	ctx := context.Background()
+	if _, err := hub.Publish(ctx, h.channelKey(channel), pubsub.Message{Data: []byte("before")}, h.limits); err != nil {
+		t.Fatal(err)
+	}
+	s := newStream(h, []string{channel})
+	s.began = h.now().UnixNano() // it opens, degraded
+	sp, err := s.startingPoint(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last replay.Position
+	for i := range 3 {
+		if last, err = hub.Publish(ctx, h.channelKey(channel), pubsub.Message{Data: []byte(strconv.Itoa(i))}, h.limits); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sp.pages[0].Head = last
+	other := cluster.NodeOfSlot(t, redistest.SlotOf(channel))
+	other.MustCLI("CLIENT", "PAUSE", "3000", "ALL") // the primary of the name without its namespace
+	t.Cleanup(func() { _, _ = other.CLI("CLIENT", "UNPAUSE") })
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := s.addSinceOpened(ctx, &sp); err != nil {
+		t.Fatalf("the channel's primary answers, another does not: %v", err)
+	}
+	if n := len(sp.pages[0].Events); n < 3 {
+		t.Errorf("the recovering stream gets %d events, want the 3 published since it opened", n)
+	}
+}
