@@ -263,7 +263,7 @@ func (s *stream) addSinceOpened(ctx context.Context, sp *startingPoint) error {
 		var since int64
 		if after.IsZero() && len(events) > 0 {
 			// per channel: those of a cluster have the clocks of their primaries
-			now, err := s.h.hub.Now(ctx, s.names[slot])
+			now, err := s.h.hub.Now(ctx, s.keys[slot]) // the name in the hub, namespaced
 			if err != nil {
 				return err
 			}
