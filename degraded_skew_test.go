@@ -3,6 +3,7 @@ package caddysse
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -119,5 +120,74 @@ func TestADegradedNamespacedStreamOnAClusterReadsItsChannelsPrimaryClock(t *test
 	}
 	if n := len(sp.pages[0].Events); n < 3 {
 		t.Errorf("the recovering stream gets %d events, want the 3 published since it opened", n)
+	}
+}
+
+// Streams that opened degraded during an outage, each on a channel this
+// instance did not follow then (one per user, say), all recover when Redis
+// answers again. Each read its channel's history, and each also asked
+// Redis for the time: a second round trip per stream and channel, in the
+// herd that reconnects at once. The primary's clock is read once for all
+// of them.
+func TestDegradedStreamsRecoveringAtOnceReadRedisClockOnce(t *testing.T) {
+	rds := redistest.Start(t)
+	hub, err := pubsub.NewRedisHub(pubsub.RedisOptions{Addrs: []string{rds.Addr()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = hub.Close() })
+	h := validHandler()
+	h.logger = zap.NewNop()
+	h.metrics = newMetrics()
+	h.hub = hub
+	h.limits = h.hubLimits()
+	ctx := context.Background()
+	const n = 100
+	streams := make([]*stream, n)
+	sps := make([]startingPoint, n)
+	for i := range streams {
+		channel := "user" + strconv.Itoa(i)
+		s := newStream(h, []string{channel})
+		s.began = h.now().UnixNano()
+		sp, err := s.startingPoint(ctx, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		last, err := hub.Publish(ctx, channel, pubsub.Message{Data: []byte("since")}, h.limits)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sp.pages[0].Head = last
+		streams[i], sps[i] = s, sp
+	}
+	rds.MustCLI("CONFIG", "RESETSTAT")
+	errs := make(chan error, n)
+	for i, s := range streams {
+		go func() { errs <- s.addSinceOpened(ctx, &sps[i]) }()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range sps {
+		if len(sps[i].pages[0].Events) != 1 {
+			t.Fatalf("stream %d gets %d events, want the one published since it opened", i, len(sps[i].pages[0].Events))
+		}
+	}
+	stats := rds.MustCLI("INFO", "commandstats")
+	calls := func(stat string) int {
+		for _, line := range strings.Split(stats, "\n") {
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), stat+":calls="); ok {
+				c, _ := strconv.Atoi(strings.SplitN(rest, ",", 2)[0])
+				return c
+			}
+		}
+		return 0
+	}
+	reads := calls("cmdstat_fcall_ro") + calls("cmdstat_evalsha_ro") + calls("cmdstat_evalsha") + calls("cmdstat_eval")
+	// each read runs TIME inside Redis (now_ms): those are counted too
+	if direct := calls("cmdstat_time") - reads; direct > 5 {
+		t.Errorf("%d streams recovering at once asked Redis for the time %d times besides their %d reads", n, direct, reads)
 	}
 }
