@@ -92,8 +92,24 @@ type Redis struct {
 	closed        atomic.Bool
 	// now is this instance's clock (time.Now); a test sets it, before any
 	// use, to an instance whose clock is off Redis' and the others'
-	now func() time.Time
+	now      func() time.Time
+	clocksMu sync.Mutex
+	clocks   map[*redis.Client]*primaryClock // by primary, as Now last read them
 }
+
+// primaryClock is how far a primary's clock was ahead of this instance's
+// when Now read it (at, by this instance's clock).
+type primaryClock struct {
+	read   chan struct{} // closed once read, or failed (err)
+	offset time.Duration
+	at     time.Time
+	err    error
+}
+
+// clockReuse is how long a primary's clock, once read, dates its channels'
+// events without being read again: the streams that recover at once after
+// an outage (thousands, each on channels of its own) asked it each.
+const clockReuse = time.Second
 
 // NewRedis returns a Redis broker. It does not connect: the first publish,
 // read or watch does, so a server starts while Redis is down.
@@ -732,14 +748,48 @@ func (b *Redis) BackendStatus() BackendStatus {
 }
 
 // Now reads the clock of the Redis primary of channel, which dates its
-// events: the instances' clocks may be off it, and each other's.
+// events: the instances' clocks may be off it, and each other's. A clock
+// read less than clockReuse ago is not read again: this instance's clock
+// tells how much time passed since.
 func (b *Redis) Now(ctx context.Context, channel string) (time.Time, error) {
 	node, err := b.nodeFor(ctx, b.Key(channel))
 	if err != nil {
 		return time.Time{}, b.unavailable(err)
 	}
-	at, err := node.Time(ctx).Result()
-	return at, b.classify(err)
+	b.clocksMu.Lock()
+	c := b.clocks[node]
+	reading := c == nil
+	if !reading {
+		select {
+		case <-c.read: // read again once old, or failed
+			reading = c.err != nil || b.now().Sub(c.at) > clockReuse
+		default: // being read: wait for it
+		}
+	}
+	if reading {
+		c = &primaryClock{read: make(chan struct{})}
+		if b.clocks == nil {
+			b.clocks = make(map[*redis.Client]*primaryClock)
+		}
+		b.clocks[node] = c
+	}
+	b.clocksMu.Unlock()
+	if reading {
+		sent := b.now()
+		at, err := node.Time(ctx).Result()
+		back := b.now()
+		c.at, c.offset, c.err = back, at.Sub(sent.Add(back.Sub(sent)/2)), b.classify(err)
+		close(c.read)
+	}
+	select {
+	case <-c.read:
+	case <-ctx.Done():
+		return time.Time{}, ctx.Err()
+	}
+	if c.err != nil {
+		return time.Time{}, c.err
+	}
+	return b.now().Add(c.offset), nil
 }
 
 // Watch subscribes this instance to the channel's announcements.
