@@ -2,6 +2,7 @@ package caddysse
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -189,5 +190,62 @@ func TestDegradedStreamsRecoveringAtOnceReadRedisClockOnce(t *testing.T) {
 	// each read runs TIME inside Redis (now_ms): those are counted too
 	if direct := calls("cmdstat_time") - reads; direct > 5 {
 		t.Errorf("%d streams recovering at once asked Redis for the time %d times besides their %d reads", n, direct, reads)
+	}
+}
+
+// hungClock is the embedded broker with a clock of its own that does not
+// answer (a Redis primary that hangs, whose TIME go-redis waits out through
+// its read timeouts and retries, whatever the context says).
+type hungClock struct {
+	*pubsub.Memory
+	asked   chan struct{}
+	release chan struct{}
+}
+
+func (b hungClock) Now(context.Context, string) (time.Time, error) {
+	b.asked <- struct{}{}
+	<-b.release
+	return time.Time{}, pubsub.ErrUnavailable
+}
+
+// A recovering stream's reads of the history stop once closing has begun
+// (readHistory: a reload or a stop does not wait for a backend that
+// hangs); its read of the clock did not: the stream, told server_closing,
+// stayed in addSinceOpened for as long as the backend hung.
+func TestARecoveringStreamDoesNotWaitForAHungClockOnceClosing(t *testing.T) {
+	asked, release := make(chan struct{}, 1), make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	hub := pubsub.NewHub(func(d pubsub.DeliverFunc) pubsub.Broker { return hungClock{pubsub.NewMemory(d), asked, release} })
+	t.Cleanup(func() { _ = hub.Close() })
+	h := validHandler()
+	h.logger = zap.NewNop()
+	h.metrics = newMetrics()
+	h.hub = hub
+	h.limits = h.hubLimits()
+	h.streams = newRegistry(h.logger, 0, 0, 0)
+	ctx := context.Background()
+	s := newStream(h, []string{"a"})
+	s.began = h.now().UnixNano()
+	sp, err := s.startingPoint(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.begun = true // registered
+	last, err := hub.Publish(ctx, "a", pubsub.Message{Data: []byte("since")}, h.limits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp.pages[0].Head = last
+	done := make(chan error, 1)
+	go func() { done <- s.addSinceOpened(ctx, &sp) }()
+	<-asked // it has read the history, and waits for the clock
+	h.streams.closeAll("reload")
+	select {
+	case err := <-done:
+		if !errors.Is(err, errClosing) {
+			t.Fatalf("got %v, want errClosing", err)
+		}
+	case <-time.After(5 * time.Second): // a bound to fail by, not a wait
+		t.Fatal("the stream, told to close, still waits for the backend's clock")
 	}
 }
