@@ -283,31 +283,12 @@ func (s *stream) addSinceOpened(ctx context.Context, sp *startingPoint) error {
 }
 
 // hubNow reads the clock that dates the events of the channel of slot (by
-// its name in the hub, namespaced: on a cluster, its primary's). As
-// readHistory, it stops waiting once closing has begun: a backend that
-// hangs does not hold a reload or a stop up.
+// its name in the hub, namespaced: on a cluster, its primary's), as
+// readHistory reads its history: not past the start of closing.
 func (s *stream) hubNow(ctx context.Context, slot int) (time.Time, error) {
-	r := s.h.streams
-	if _, embedded := s.h.hub.Broker().(*pubsub.Memory); r == nil || embedded || !s.begun {
+	return askUntilClosing(ctx, s, func(ctx context.Context) (time.Time, error) {
 		return s.h.hub.Now(ctx, s.keys[slot])
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	type read struct {
-		at  time.Time
-		err error
-	}
-	done := make(chan read, 1)
-	go func() {
-		at, err := s.h.hub.Now(ctx, s.keys[slot])
-		done <- read{at, err}
-	}()
-	select {
-	case got := <-done:
-		return got.at, got.err
-	case <-r.reads.Done():
-		return time.Time{}, errClosing
-	}
+	})
 }
 
 // cutShort reports whether a page of the newest events, of which the kept

@@ -677,27 +677,37 @@ func (s *stream) catchUpLimit() int { return max(s.h.ReplayLimit, s.h.HistorySiz
 // own for that, which ends with it. A stream that is still opening is not
 // registered, so it is not told: its read stays on its goroutine.
 func (s *stream) readHistory(ctx context.Context, slot int, from *replay.Position, limit int) (replay.Page, error) {
+	return askUntilClosing(ctx, s, func(ctx context.Context) (replay.Page, error) {
+		return s.h.hub.Read(ctx, s.keys[slot], from, limit)
+	})
+}
+
+// askUntilClosing returns what ask answers, or errClosing as soon as
+// closing begins: a backend that hangs does not hold a reload or a stop up
+// (the abandoned ask is cancelled, and makes no more attempts). The
+// embedded hub never waits: it is asked on this goroutine.
+func askUntilClosing[T any](ctx context.Context, s *stream, ask func(context.Context) (T, error)) (T, error) {
 	r := s.h.streams
 	if _, embedded := s.h.hub.Broker().(*pubsub.Memory); r == nil || embedded || !s.begun {
-		// the embedded hub's read never waits: no goroutine for it
-		return s.h.hub.Read(ctx, s.keys[slot], from, limit)
+		return ask(ctx)
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel() // an abandoned read makes no more attempts
-	type read struct {
-		page replay.Page
-		err  error
+	defer cancel()
+	type answer struct {
+		v   T
+		err error
 	}
-	done := make(chan read, 1)
+	done := make(chan answer, 1)
 	go func() {
-		page, err := s.h.hub.Read(ctx, s.keys[slot], from, limit)
-		done <- read{page, err}
+		v, err := ask(ctx)
+		done <- answer{v, err}
 	}()
 	select {
 	case got := <-done:
-		return got.page, got.err
+		return got.v, got.err
 	case <-r.reads.Done():
-		return replay.Page{}, errClosing
+		var zero T
+		return zero, errClosing
 	}
 }
 
