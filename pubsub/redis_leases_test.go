@@ -362,11 +362,23 @@ func TestRedisLeaseReleaseThenCallsBackOnceRedisHasItNoMore(t *testing.T) {
 // after it gave up, so the leases on the primaries that answer lapsed and
 // another instance let their principals past their caps (with the
 // defaults, lease_ttl 15 s and read_timeout 3 s, as here scaled down).
+// The same when the primary that answers has lost the lease scripts too (a
+// replica just promoted, SCRIPT FLUSH): the renewal's pipeline of EVALSHA
+// gets NOSCRIPT from it and nothing from the hung one; its leases are sent
+// again with EVAL, within their ttl.
 func TestRedisLeasesOnHealthyPrimariesOutliveAHungOne(t *testing.T) {
+	for _, scriptsLost := range []bool{false, true} {
+		t.Run(map[bool]string{false: "scripts kept", true: "scripts lost"}[scriptsLost], func(t *testing.T) {
+			leasesOutliveAHungPrimary(t, scriptsLost)
+		})
+	}
+}
+
+func leasesOutliveAHungPrimary(t *testing.T, scriptsLost bool) {
 	cluster := redistest.StartCluster(t, 3)
 	healthy, hung := channelInSlot(t, 100), channelInSlot(t, 16000) // lease keys are named like channels' keys
-	hungNode := cluster.NodeOfSlot(t, 16000)
-	if cluster.NodeOfSlot(t, 100) == hungNode {
+	healthyNode, hungNode := cluster.NodeOfSlot(t, 100), cluster.NodeOfSlot(t, 16000)
+	if healthyNode == hungNode {
 		t.Fatal("slots 100 and 16000 on one primary")
 	}
 	newLeases := func() *RedisLeases {
@@ -391,6 +403,9 @@ func TestRedisLeasesOnHealthyPrimariesOutliveAHungOne(t *testing.T) {
 		t.Fatalf("the other instance counts %d leases (%v), want 1", n, err)
 	}
 	const pause = 3 * ttl
+	if scriptsLost {
+		healthyNode.MustCLI("SCRIPT", "FLUSH")
+	}
 	hungNode.MustCLI("CLIENT", "PAUSE", strconv.Itoa(int(pause.Milliseconds())), "ALL")
 	paused := time.Now()
 	for time.Since(paused) < pause-time.Second {
