@@ -23,18 +23,10 @@ import (
 // after the stream opened (all of those of a short outage), silently.
 func TestADegradedStreamOnAnInstanceAheadOfRedisGetsTheEventsSinceItOpened(t *testing.T) {
 	rds := redistest.Start(t)
-	hub, err := pubsub.NewRedisHub(pubsub.RedisOptions{Addrs: []string{rds.Addr()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = hub.Close() })
+	hub := startRedisHub(t, pubsub.RedisOptions{Addrs: []string{rds.Addr()}})
 	for _, skew := range []time.Duration{20 * time.Second, -20 * time.Second} {
 		channel := "a" + skew.String()
-		h := validHandler()
-		h.logger = zap.NewNop()
-		h.metrics = newMetrics()
-		h.hub = hub
-		h.limits = h.hubLimits()
+		h := handlerOnHub(hub, "")
 		h.clock = func() time.Time { return time.Now().Add(skew) }
 		if _, err := hub.Publish(context.Background(), channel, pubsub.Message{Data: []byte("before")}, h.limits); err != nil {
 			t.Fatal(err)
@@ -76,17 +68,8 @@ func TestADegradedStreamOnAnInstanceAheadOfRedisGetsTheEventsSinceItOpened(t *te
 // stayed degraded.
 func TestADegradedNamespacedStreamOnAClusterReadsItsChannelsPrimaryClock(t *testing.T) {
 	cluster := redistest.StartCluster(t, 3)
-	hub, err := pubsub.NewRedisHub(pubsub.RedisOptions{Addrs: cluster.Addrs(), ReadTimeout: 300 * time.Millisecond, MaxRetries: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = hub.Close() })
-	h := validHandler()
-	h.Namespace = "ns"
-	h.logger = zap.NewNop()
-	h.metrics = newMetrics()
-	h.hub = hub
-	h.limits = h.hubLimits()
+	hub := startRedisHub(t, pubsub.RedisOptions{Addrs: cluster.Addrs(), ReadTimeout: 300 * time.Millisecond, MaxRetries: -1})
+	h := handlerOnHub(hub, "ns")
 	var channel string
 	for i := 0; channel == ""; i++ {
 		c := "c" + strconv.Itoa(i)
@@ -132,16 +115,8 @@ func TestADegradedNamespacedStreamOnAClusterReadsItsChannelsPrimaryClock(t *test
 // of them.
 func TestDegradedStreamsRecoveringAtOnceReadRedisClockOnce(t *testing.T) {
 	rds := redistest.Start(t)
-	hub, err := pubsub.NewRedisHub(pubsub.RedisOptions{Addrs: []string{rds.Addr()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = hub.Close() })
-	h := validHandler()
-	h.logger = zap.NewNop()
-	h.metrics = newMetrics()
-	h.hub = hub
-	h.limits = h.hubLimits()
+	hub := startRedisHub(t, pubsub.RedisOptions{Addrs: []string{rds.Addr()}})
+	h := handlerOnHub(hub, "")
 	ctx := context.Background()
 	const n = 100
 	streams := make([]*stream, n)
@@ -248,4 +223,27 @@ func TestARecoveringStreamDoesNotWaitForAHungClockOnceClosing(t *testing.T) {
 	case <-time.After(5 * time.Second): // a bound to fail by, not a wait
 		t.Fatal("the stream, told to close, still waits for the backend's clock")
 	}
+}
+
+// startRedisHub starts a hub on Redis, closed when the test ends.
+func startRedisHub(t *testing.T, opts pubsub.RedisOptions) *pubsub.Hub {
+	t.Helper()
+	hub, err := pubsub.NewRedisHub(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = hub.Close() })
+	return hub
+}
+
+// handlerOnHub is a handler (not provisioned: its streams are driven by
+// hand) on hub, with namespace.
+func handlerOnHub(hub *pubsub.Hub, namespace string) *Handler {
+	h := validHandler()
+	h.Namespace = namespace
+	h.logger = zap.NewNop()
+	h.metrics = newMetrics()
+	h.hub = hub
+	h.limits = h.hubLimits()
+	return h
 }
