@@ -98,3 +98,18 @@ func TestRetryBackoffsInTheWrongOrderRefused(t *testing.T) {
 		t.Errorf("min_retry_backoff equal to the default max: %v", err)
 	}
 }
+
+// A max_retry_backoff under go-redis' default min (10ms), given alone, was
+// accepted before the backoffs were ordered, and is what the user asked
+// for: go-redis then waits that max before each retry. Refusing it named a
+// min_retry_backoff the config never set, and a Caddy that loaded it before
+// refused to start.
+func TestRetryBackoffMaxUnderTheDefaultMinAlone(t *testing.T) {
+	if err := redisSettingsErr(&RedisConfig{URL: "redis://127.0.0.1:1", MaxRetryBackoff: caddy.Duration(5 * time.Millisecond)}); err != nil {
+		t.Errorf("JSON max_retry_backoff 5ms alone: %v", err)
+	}
+	input := ":8080 {\n\tsse /events {\n\t\tchannel a\n\t\tredis {\n\t\t\turl redis://127.0.0.1:1\n\t\t\tmax_retry_backoff 5ms\n\t\t}\n\t}\n}\n"
+	if err := adaptErr(input); err != nil {
+		t.Errorf("Caddyfile max_retry_backoff 5ms alone: %v", err)
+	}
+}

@@ -473,9 +473,14 @@ func validateRedisOptions(o pubsub.RedisOptions) error {
 }
 
 // checkRetryBackoffs refuses a min_retry_backoff longer than the
-// max_retry_backoff (go-redis' defaults for those left out): go-redis
-// would wait the max before every retry, the min silently left out.
+// max_retry_backoff (go-redis' default for a max left out): go-redis
+// would wait the max before every retry, the min silently left out. A max
+// given alone under go-redis' default min is what was asked for (each
+// retry waits that max): no min of the config is left out.
 func checkRetryBackoffs(least, most time.Duration) error {
+	if least == 0 {
+		return nil
+	}
 	o := pubsub.RedisOptions{MinRetryBackoff: least, MaxRetryBackoff: most}.WithDefaults()
 	if o.MinRetryBackoff > o.MaxRetryBackoff {
 		return fmt.Errorf("redis: min_retry_backoff (%v) must not be longer than max_retry_backoff (%v)", o.MinRetryBackoff, o.MaxRetryBackoff)
