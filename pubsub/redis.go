@@ -771,6 +771,7 @@ func (b *Redis) Now(ctx context.Context, channel string) (time.Time, error) {
 		if b.clocks == nil {
 			b.clocks = make(map[*redis.Client]*primaryClock)
 		}
+		b.forgetOldClocks()
 		b.clocks[node] = c
 	}
 	b.clocksMu.Unlock()
@@ -790,6 +791,24 @@ func (b *Redis) Now(ctx context.Context, channel string) (time.Time, error) {
 		return time.Time{}, c.err
 	}
 	return b.now().Add(c.offset), nil
+}
+
+// forgetOldClocks drops the reads of the primaries' clocks that Now would
+// not use again (failed, or older than clockReuse): on a cluster, a
+// primary that went away (a failover to another address) would otherwise
+// keep its closed client in the map for the broker's life. Under clocksMu;
+// the map holds one entry per primary, read at most once a clockReuse.
+func (b *Redis) forgetOldClocks() {
+	now := b.now()
+	for node, c := range b.clocks {
+		select {
+		case <-c.read:
+			if c.err != nil || now.Sub(c.at) > clockReuse {
+				delete(b.clocks, node)
+			}
+		default: // being read
+		}
+	}
 }
 
 // Watch subscribes this instance to the channel's announcements.

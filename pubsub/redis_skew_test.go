@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/caddy-sse/caddy-sse/internal/redistest"
 )
 
@@ -62,5 +64,31 @@ func TestRedisThrottlesHoldAcrossInstancesWithSkewedClocks(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitThrottled(t, b, key) // about a minute, not none or three
+	}
+}
+
+// Now keeps what it read of each primary's clock by the primary's client.
+// On a cluster, a primary that goes away (a failover to a node of another
+// address, a pod that came back with another IP) leaves its client behind,
+// closed; its read of the clock stayed in the map for the broker's life,
+// holding the client, one more at each such change. A read older than
+// clockReuse is of no use: those of other primaries go at the next read.
+func TestRedisNowForgetsTheClocksOfPrimariesGone(t *testing.T) {
+	srv := redistest.Start(t)
+	b := newTestRedis(t, srv)
+	gone := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	_ = gone.Close()
+	read := make(chan struct{})
+	close(read)
+	b.clocksMu.Lock()
+	b.clocks = map[*redis.Client]*primaryClock{gone: {read: read, at: b.now().Add(-time.Minute)}}
+	b.clocksMu.Unlock()
+	if _, err := b.Now(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	b.clocksMu.Lock()
+	defer b.clocksMu.Unlock()
+	if _, kept := b.clocks[gone]; kept || len(b.clocks) != 1 {
+		t.Errorf("the clocks read are kept for %d primaries (the one gone: %v), want the one still asked", len(b.clocks), kept)
 	}
 }
