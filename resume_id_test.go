@@ -160,3 +160,37 @@ func TestRecoveredDegradedStreamCutBeforeItsFirstEventResumes(t *testing.T) {
 		t.Fatalf("after the cut got %q, want %q", got, "meanwhile after")
 	}
 }
+
+// A stream whose Redis user is refused some of its channels (an ACL) opens
+// degraded in part: the granted channels start at their heads, as any
+// stream's. Cut before its first event, it must resume them where they
+// started, not live — it gave no id, and the events published to them
+// while its client reconnected were lost.
+func TestStreamDegradedInPartCutBeforeItsFirstEventResumes(t *testing.T) {
+	rds := redistest.Start(t)
+	rds.MustCLI("ACL", "SETUSER", "app", "on", ">pw", "~sse:*", "+@all", "resetchannels",
+		"&sse:{a}", "&sse:{sse,throttles}")
+	srv := startACLCaddy(t, aclSite(rds))
+	srv.publish("/events", map[string]any{"channel": "a", "data": "before"})
+	c := srv.subscribe("/events?channels=a,b", nil)
+	if ev := c.next(); ev.Type != "sse_degraded" {
+		t.Fatalf("first event %+v, want sse_degraded", ev)
+	}
+	eventually(t, "an id before the stream's first event", func() bool {
+		id := c.lastSeenID.Load()
+		return id != nil && *id != ""
+	})
+	last := *c.lastSeenID.Load()
+	c.close()
+	srv.publish("/events", map[string]any{"channel": "a", "data": "meanwhile"})
+	r := srv.subscribe("/events?channels=a,b", header("Last-Event-ID", last))
+	if tr := r.resp.Header.Get("X-Replay-Truncated"); tr != "" {
+		t.Fatalf("reconnect told truncated (%s)", tr)
+	}
+	if ev := r.next(); ev.Type != "sse_degraded" {
+		t.Fatalf("first event after the cut %+v, want sse_degraded (b is still refused)", ev)
+	}
+	if ev := r.next(); ev.Data != "meanwhile" {
+		t.Fatalf("after the cut got %+v, want what was published to a meanwhile", ev)
+	}
+}

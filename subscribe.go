@@ -455,9 +455,11 @@ func (h *Handler) appendPreambleLines(buf []byte) []byte {
 // standard, whose last event ID buffer starts empty on each connection and
 // whose first blank line would otherwise set it to "". A degraded stream
 // does not know its positions: it gives the client's cursor back, if it
-// came with one (endWithClientID), which its client keeps.
+// came with one (endWithClientID), which its client keeps. One degraded in
+// part (Redis refuses some of its channels) gives the positions it knows,
+// as its events' ids do: its started channels' at least.
 func (s *stream) open(ctx context.Context, sp startingPoint) error {
-	idGiven := !s.degraded.Load()
+	idGiven := !s.degraded.Load() || s.pendingSlots() != nil
 	s.buf = s.h.appendPreambleLines(s.buf[:0])
 	if idGiven {
 		s.buf = s.appendIDBlock(s.buf)
