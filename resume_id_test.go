@@ -53,10 +53,7 @@ func TestStreamWithoutEventsResumesAfterReload(t *testing.T) {
 				t.Fatal("the stream gave no id: its reconnect starts live and misses what is published before it")
 			}
 			srv.publish("/events", map[string]any{"channel": "a", "data": "meanwhile"})
-			r := srv.subscribe(tc.path, header("Last-Event-ID", *last))
-			if tr := r.resp.Header.Get("X-Replay-Truncated"); tr != "" {
-				t.Fatalf("reconnect told truncated (%s)", tr)
-			}
+			r := srv.resume(t, tc.path, *last)
 			srv.publish("/events", map[string]any{"channel": "a", "data": "after"})
 			if got := strings.Join(r.nextData(2), " "); got != "meanwhile after" {
 				t.Fatalf("after the reload got %q, want %q", got, "meanwhile after")
@@ -102,20 +99,13 @@ func TestStreamCutBeforeItsFirstEventResumes(t *testing.T) {
 				if tc.lastID == "!!garbage" {
 					assertTruncatedEvent(t, c.next(), "a")
 				}
-				eventually(t, "an id before the stream's first event", func() bool {
-					id := c.lastSeenID.Load()
-					return id != nil && *id != ""
-				})
-				last := *c.lastSeenID.Load()
+				last := givenID(t, c, "an id before the stream's first event")
 				if tc.lastID == "published" && last != hdr.Get("Last-Event-ID") {
 					t.Fatalf("opening id %q, want the client's own %q", last, hdr.Get("Last-Event-ID"))
 				}
 				c.close()
 				srv.publish("/events", map[string]any{"channel": tc.channel, "data": "meanwhile"})
-				r := srv.subscribe(tc.path, header("Last-Event-ID", last))
-				if tr := r.resp.Header.Get("X-Replay-Truncated"); tr != "" {
-					t.Fatalf("reconnect told truncated (%s)", tr)
-				}
+				r := srv.resume(t, tc.path, last)
 				srv.publish("/events", map[string]any{"channel": tc.channel, "data": "after"})
 				if got := strings.Join(r.nextData(2), " "); got != "meanwhile after" {
 					t.Fatalf("after the cut got %q, want %q", got, "meanwhile after")
@@ -144,17 +134,10 @@ func TestRecoveredDegradedStreamCutBeforeItsFirstEventResumes(t *testing.T) {
 		t.Fatalf("a degraded stream gave the id %q at its opening", *id)
 	}
 	rds.Restart()
-	eventually(t, "an id once the degraded stream recovered", func() bool {
-		id := c.lastSeenID.Load()
-		return id != nil && *id != ""
-	})
-	last := *c.lastSeenID.Load()
+	last := givenID(t, c, "an id once the degraded stream recovered")
 	c.close()
 	srv.publishWhileRefused("a", "meanwhile")
-	r := srv.subscribe("/events?channels=a", header("Last-Event-ID", last))
-	if tr := r.resp.Header.Get("X-Replay-Truncated"); tr != "" {
-		t.Fatalf("reconnect told truncated (%s)", tr)
-	}
+	r := srv.resume(t, "/events?channels=a", last)
 	srv.publish("/events", map[string]any{"channel": "a", "data": "after"})
 	if got := strings.Join(r.nextData(2), " "); got != "meanwhile after" {
 		t.Fatalf("after the cut got %q, want %q", got, "meanwhile after")
@@ -176,21 +159,35 @@ func TestStreamDegradedInPartCutBeforeItsFirstEventResumes(t *testing.T) {
 	if ev := c.next(); ev.Type != "sse_degraded" {
 		t.Fatalf("first event %+v, want sse_degraded", ev)
 	}
-	eventually(t, "an id before the stream's first event", func() bool {
-		id := c.lastSeenID.Load()
-		return id != nil && *id != ""
-	})
-	last := *c.lastSeenID.Load()
+	last := givenID(t, c, "an id before the stream's first event")
 	c.close()
 	srv.publish("/events", map[string]any{"channel": "a", "data": "meanwhile"})
-	r := srv.subscribe("/events?channels=a,b", header("Last-Event-ID", last))
-	if tr := r.resp.Header.Get("X-Replay-Truncated"); tr != "" {
-		t.Fatalf("reconnect told truncated (%s)", tr)
-	}
+	r := srv.resume(t, "/events?channels=a,b", last)
 	if ev := r.next(); ev.Type != "sse_degraded" {
 		t.Fatalf("first event after the cut %+v, want sse_degraded (b is still refused)", ev)
 	}
 	if ev := r.next(); ev.Data != "meanwhile" {
 		t.Fatalf("after the cut got %+v, want what was published to a meanwhile", ev)
 	}
+}
+
+// givenID waits until c's client holds a Last-Event-ID (what) and returns it.
+func givenID(t *testing.T, c *sseClient, what string) string {
+	t.Helper()
+	eventually(t, what, func() bool {
+		id := c.lastSeenID.Load()
+		return id != nil && *id != ""
+	})
+	return *c.lastSeenID.Load()
+}
+
+// resume opens path again with Last-Event-ID id, failing the test if the
+// replay is truncated: a stream that resumes where it was missed nothing.
+func (s *testServer) resume(t *testing.T, path, id string) *sseClient {
+	t.Helper()
+	r := s.subscribe(path, header("Last-Event-ID", id))
+	if tr := r.resp.Header.Get("X-Replay-Truncated"); tr != "" {
+		t.Fatalf("reconnect with %q told truncated (%s)", id, tr)
+	}
+	return r
 }
