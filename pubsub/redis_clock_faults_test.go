@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-sse/caddy-sse/internal/redistest"
+	"github.com/caddy-sse/caddy-sse/replay"
 )
 
 // failTime fails this client's TIME calls while armed (Redis flapping: the
@@ -87,5 +88,23 @@ func TestRedisThrottlesOverBeforeAFailedClockMeasurementStayOver(t *testing.T) {
 	waitLoaded(t, b)
 	if left, err := b.Remaining(ctx, key); err != nil || left != 0 {
 		t.Fatalf("a throttle over before the instance started refuses its client for %v more (%v)", left, err)
+	}
+}
+
+// An announcement that arrives before the instance measured Redis' clock
+// (a watch's sync re-delivering a channel's newest event once Redis
+// answers again, while the first loads failed) is counted on this
+// instance's clock, as before there was a measurement, not taken for new:
+// one a day old refused its client again for its whole length.
+func TestRedisThrottlesAnnouncementBeforeAnyMeasurementIsNotTakenForNew(t *testing.T) {
+	r := NewRedisThrottles(&Redis{now: time.Now})
+	old := time.Now().Add(-time.Hour).UnixMilli()
+	ev, valid := encodeEvent(replay.Position{Epoch: 1, Seq: 1, Time: old}, "throttle", `{"k":"user|old","ms":60000}`)
+	if !valid {
+		t.Fatal("not a valid announcement")
+	}
+	r.apply(ev)
+	if left, _ := r.known.Remaining(context.Background(), "user|old"); left != 0 {
+		t.Fatalf("an announcement an hour old, of a 1 min throttle, throttles for %v", left)
 	}
 }

@@ -291,13 +291,15 @@ func (r *RedisThrottles) apply(ev *replay.Event) {
 	}
 	now := r.b.now()
 	r.mu.Lock()
-	offset, clocked := r.offset, r.clocked
+	offset := r.offset
 	r.mu.Unlock()
 	// the announcement's time is Redis': what is left of the throttle is
-	// counted on Redis' clock (one not measured yet: the announcement,
-	// which arrived before the first load, is taken as new)
+	// counted on Redis' clock. One not measured yet counts on this
+	// instance's (offset 0), off by its skew at worst: taken for new, an
+	// old announcement re-delivered before the first load (a watch's sync
+	// once Redis answers again) refused its client again for its length
 	left := time.Duration(ev.Pos.Time+a.MS-(now.UnixMilli()+offset)) * time.Millisecond
-	if ev.Local || ev.Pos.Time == 0 || !clocked {
+	if ev.Local || ev.Pos.Time == 0 {
 		left = time.Duration(a.MS) * time.Millisecond
 	}
 	if left > 0 {
