@@ -198,28 +198,35 @@ func TestSitesShareTheEmbeddedHub(t *testing.T) {
 	}
 }
 
-func TestNamespacesKeepChannelsApart(t *testing.T) {
-	srv := startCaddy(t, `
+// namespacedSite has routes with namespaces x and y, and one without a
+// namespace (that publishes too), on one embedded hub.
+const namespacedSite = `
 :{PORT} {
 	sse /x/events {
 		namespace x
 		channel {query.channels}
 		publish {
-			secret `+testSecret+`
+			secret ` + testSecret + `
 		}
 	}
 	sse /y/events {
 		namespace y
 		channel {query.channels}
 		publish {
-			secret `+testSecret+`
+			secret ` + testSecret + `
 		}
 	}
 	sse /all/events {
 		channel {query.channels}
+		publish {
+			secret ` + testSecret + `
+		}
 	}
 }
-`)
+`
+
+func TestNamespacesKeepChannelsApart(t *testing.T) {
+	srv := startCaddy(t, namespacedSite)
 	x := srv.subscribe("/x/events?channels=a", nil)
 	y := srv.subscribe("/y/events?channels=a", nil)
 	all := srv.subscribe("/all/events?channels=x:a", nil)
@@ -243,23 +250,7 @@ func TestNamespacesKeepChannelsApart(t *testing.T) {
 // which names it "x:<name>", refused as too long. Both refuse it now, to
 // subscribe and to publish, and both take the longest name they share.
 func TestANamespacedChannelIsBoundedWithItsNamespace(t *testing.T) {
-	srv := startCaddy(t, `
-:{PORT} {
-	sse /x/events {
-		namespace x
-		channel {query.channels}
-		publish {
-			secret `+testSecret+`
-		}
-	}
-	sse /all/events {
-		channel {query.channels}
-		publish {
-			secret `+testSecret+`
-		}
-	}
-}
-`)
+	srv := startCaddy(t, namespacedSite)
 	tooLong, longest := strings.Repeat("c", 199), strings.Repeat("c", 198)
 	for _, tc := range []struct{ path, channel string }{{"/x/events", tooLong}, {"/all/events", "x:" + tooLong}} {
 		resp, err := http.Get(srv.base + tc.path + "?channels=" + tc.channel)
