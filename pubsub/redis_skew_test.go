@@ -3,6 +3,7 @@ package pubsub
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -91,4 +92,44 @@ func TestRedisNowForgetsTheClocksOfPrimariesGone(t *testing.T) {
 	if _, kept := b.clocks[gone]; kept || len(b.clocks) != 1 {
 		t.Errorf("the clocks read are kept for %d primaries (the one gone: %v), want the one still asked", len(b.clocks), kept)
 	}
+}
+
+// The offset to Redis' clock was measured only when the announcements were
+// loaded (a start, a gap). An NTP step of an instance's clock after that (or
+// a failover to a primary of another clock) left it as it was: a throttle
+// announced afterwards by another instance was counted on the old offset,
+// and a one-minute throttle was taken for over by an instance whose clock
+// had stepped two minutes ahead.
+func TestRedisThrottlesFollowAStepOfTheInstancesClock(t *testing.T) {
+	srv := redistest.Start(t)
+	opts := RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: 500 * time.Millisecond}
+	ctx := context.Background()
+	a := newRedisThrottles(t, opts)
+	_, _ = a.Remaining(ctx, "x")
+	waitLoaded(t, a)
+
+	b := newRedisThrottles(t, opts)
+	var step atomic.Int64
+	b.b.now = func() time.Time { return time.Now().Add(time.Duration(step.Load())) }
+	b.clockEvery = 50 * time.Millisecond
+	_, _ = b.Remaining(ctx, "x")
+	waitLoaded(t, b)
+	srv.WaitShardSubscribers(t, b.b.Key(throttleChannel), 2)
+
+	step.Store(int64(2 * time.Minute)) // NTP steps b's clock ahead
+	deadline := time.Now().Add(redisWait)
+	for offset := int64(0); offset > -110_000; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the offset to Redis' clock is %d ms after a step of two minutes, want about -120000", offset)
+		}
+		time.Sleep(10 * time.Millisecond)
+		b.mu.Lock()
+		offset = b.offset
+		b.mu.Unlock()
+	}
+	const key = "user|after-step"
+	if err := a.Throttle(ctx, key, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	waitThrottled(t, b, key) // about a minute, not none
 }

@@ -43,10 +43,14 @@ type RedisThrottles struct {
 	// instances do not share a clock, and one ahead of Redis' by more than
 	// a throttle took every announcement of it for over, one behind held
 	// the client off for that much longer
-	offset    int64
-	clocked   bool
-	readyOnce sync.Once
-	stop      chan struct{}
+	offset  int64
+	clocked bool
+	// clockEvery is how often the offset is measured again while the
+	// throttles follow: a failover to a primary of another clock, or an
+	// NTP step of this instance's, changes it between loads
+	clockEvery time.Duration
+	readyOnce  sync.Once
+	stop       chan struct{}
 }
 
 // throttleChannel is the internal channel of throttle announcements. A
@@ -68,7 +72,7 @@ var throttleHistory = replay.Limits{Count: maxThrottles, MaxAge: MaxRedisThrottl
 func NewRedisThrottles(b *Redis) *RedisThrottles {
 	known := NewMemoryThrottles()
 	known.now = func() time.Time { return b.now() }
-	return &RedisThrottles{b: b, known: known, ready: make(chan struct{}), stop: make(chan struct{})}
+	return &RedisThrottles{b: b, known: known, clockEvery: time.Minute, ready: make(chan struct{}), stop: make(chan struct{})}
 }
 
 // follow makes the throttles answer from memory once they have read the
@@ -156,8 +160,34 @@ func (r *RedisThrottles) following() {
 		r.reloading = true
 		r.mu.Unlock()
 		go r.load()
+		go r.keepClock()
 	})
 }
+
+// keepClock measures Redis' clock again every clockEvery until the broker
+// closes. An announcement is dated by the primary that took it; measured
+// only at loads (a start, a gap), the offset stayed what it was before a
+// failover or an NTP step for as long as no gap came: a throttle shorter
+// than that change was taken for over, or held its client off for that
+// much longer. A failed measurement keeps the last one.
+func (r *RedisThrottles) keepClock() {
+	tick := time.NewTicker(r.clockEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-tick.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), clockWait)
+		r.measureClock(ctx)
+		cancel()
+	}
+}
+
+// clockWait bounds one measurement of Redis' clock: a hung primary must not
+// hold the next one off.
+const clockWait = 2 * time.Second
 
 // waitLoaded waits, at most loadWait, for the announcements to be loaded;
 // false if they are not (Redis is then asked). The streams of a burst at
