@@ -282,3 +282,84 @@ func expectedChannels(before, after, value string, query bool, maxChannels int) 
 	}
 	return "", names
 }
+
+// Behind forward_auth, the user is the header its copy_headers takes from
+// the auth server's reply (forward_auth sets no {http.auth.user.*}
+// placeholder, as README says): a stream opens on that user's channel, never
+// on one named by a header the client sent itself, and a template on
+// {http.auth.user.id} stays unresolved.
+func TestBehindForwardAuthTheUserIsTheCopiedHeader(t *testing.T) {
+	srv := startCaddy(t, `
+:{PORT} {
+	handle /events {
+		forward_auth 127.0.0.1:{PORT2} {
+			uri /auth
+			copy_headers X-User
+		}
+		sse {
+			channel user:{http.request.header.X-User}
+			principal {http.request.header.X-User}
+		}
+	}
+	handle /by-user-id {
+		forward_auth 127.0.0.1:{PORT2} {
+			uri /auth
+		}
+		sse {
+			channel user:{http.auth.user.id}
+		}
+	}
+	handle /publish {
+		sse {
+			publish {
+				secret `+testSecret+`
+			}
+		}
+	}
+}
+:{PORT2} {
+	@alice header Authorization "Bearer alice-token"
+	handle @alice {
+		header X-User alice
+		respond 204
+	}
+	respond 401
+}
+`)
+	if status, _ := getStatus(t, srv.base+"/events", nil); status != http.StatusUnauthorized {
+		t.Fatalf("without a token: status %d, want the auth server's 401", status)
+	}
+	c := srv.subscribe("/events", header("Authorization", "Bearer alice-token", "X-User", "bob"))
+	srv.publish("/publish", map[string]any{"channel": "user:bob", "data": "for bob"})
+	srv.publish("/publish", map[string]any{"channel": "user:alice", "data": "for alice"})
+	if ev := c.next(); ev.Data != "for alice" {
+		t.Fatalf("got %+v, want alice's event only", ev)
+	}
+	status, body := getStatus(t, srv.base+"/by-user-id", header("Authorization", "Bearer alice-token"))
+	if status != http.StatusForbidden || !strings.Contains(body, "channel_unresolved") {
+		t.Fatalf("{http.auth.user.id} behind forward_auth: status %d %s, want 403 channel_unresolved", status, body)
+	}
+}
+
+// getStatus GETs url with headers and returns the status and the body of
+// a response that is not a stream.
+func getStatus(t *testing.T, url string, hdr http.Header) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range hdr {
+		req.Header[k] = v
+	}
+	resp, err := requestClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusOK {
+		return resp.StatusCode, "(a stream)"
+	}
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
