@@ -162,7 +162,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.quietCores, "quiet-cores", 0.25, "CPU cores other processes may use for the machine to count as quiet; a measured window above it is noted as contended")
 	fs.DurationVar(&c.idleHold, "idle-hold", 0, "idle: keep the streams open this long after measuring (to profile by hand)")
 
-	fs.IntVar(&c.pid, "pid", 0, "server pid (default: the spawned server, or the process listening on the first URL's port)")
+	fs.IntVar(&c.pid, "pid", 0, "server pid (default: the spawned servers, or the processes listening on the ports of the URLs and the publish URL, summed)")
 	fs.Func("spawn", `start a server with this command line (split on spaces; leading NAME=value words are added to its environment), e.g. "/tmp/bench-caddy run --config cmd/ssebench/testdata/Caddyfile"; repeat for several servers (their RSS and CPU are summed, and reported per process); stopped (SIGTERM, then SIGKILL) at the end`, func(s string) error {
 		if strings.TrimSpace(s) == "" {
 			return errors.New("empty command line")

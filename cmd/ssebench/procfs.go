@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -223,6 +224,37 @@ func parseSocketLink(link string) (uint64, bool) {
 // holds a listening TCP socket on port, from /proc/net/tcp{,6} and
 // /proc/*/fd. Processes of other users cannot be read without privileges.
 func findListenerPID(port int) (int, error) { return findListener(port, true) }
+
+// listenerPIDs returns the processes listening on the targets' ports, each
+// once, in the order of the targets, without those descended from another
+// one (the tree of a process is measured with it). It fails if a port has
+// no readable listener: the figures of some of the servers, divided by the
+// deliveries of all, would flatter them.
+func listenerPIDs(targets []*target) ([]int, error) {
+	var pids []int
+	for _, t := range targets {
+		pid, err := findListenerPID(int(t.addr.Port()))
+		if err != nil {
+			return nil, err
+		}
+		if !slices.Contains(pids, pid) {
+			pids = append(pids, pid)
+		}
+	}
+	var out []int
+	for _, pid := range pids {
+		nested := false
+		for _, other := range pids {
+			if other != pid && slices.Contains(descendants(other), pid) {
+				nested = true
+			}
+		}
+		if !nested {
+			out = append(out, pid)
+		}
+	}
+	return out, nil
+}
 
 func findListener(port int, skipSelf bool) (int, error) {
 	want := map[uint64]bool{}

@@ -308,11 +308,17 @@ func (r *runner) setup() error {
 	case cfg.pid != 0:
 		r.pid = cfg.pid
 	default:
-		pid, err := findListenerPID(int(r.targets[0].addr.Port()))
+		// every server the run loads, as with several -spawn: the
+		// figures are divided by the deliveries of every stream
+		pids, err := listenerPIDs(append(slices.Clone(r.targets), r.pubTarget))
 		if err != nil {
 			r.note("server metrics unavailable: " + err.Error())
+			break
 		}
-		r.pid = pid
+		r.pid = pids[0]
+		if len(pids) > 1 {
+			r.pids = pids
+		}
 	}
 	if cfg.procs > 0 { // the workers open the streams
 		r.res.Engine = cfg.engine

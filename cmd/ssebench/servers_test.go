@@ -3,9 +3,14 @@ package main
 import (
 	"crypto/tls"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -88,5 +93,57 @@ func TestDialReadyWaitsForTheHandshakeOfATLSTarget(t *testing.T) {
 	}
 	if err := dialReady(srv.Listener.Addr().String(), true); err != nil {
 		t.Errorf("not ready though the handshake works: %v", err)
+	}
+}
+
+// A run against several servers it did not start (scaleout on servers
+// started by hand) measures each of them, as it does spawned ones: the
+// server figures are divided by the deliveries of every stream, so the
+// first server's CPU alone made the CPU per delivery look several times
+// smaller than it was.
+func TestServersFoundOnEveryURL(t *testing.T) {
+	var urls []string
+	var pids []int
+	for range 2 {
+		port, err := freePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := "127.0.0.1:" + strconv.Itoa(port)
+		cmd := exec.Command(os.Args[0], "floor-server", "-addr", addr)
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		deadline := time.Now().Add(10 * time.Second)
+		for dialReady(addr, false) != nil {
+			if time.Now().After(deadline) {
+				t.Fatalf("floor server on %s does not listen", addr)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		urls = append(urls, "http://"+addr+"/events")
+		pids = append(pids, cmd.Process.Pid)
+	}
+	// the second URL twice, and a publish URL on the first server: one
+	// process each, counted once
+	cfg, err := parseArgs([]string{"scaleout", "-q", "-conns", "2",
+		"-url", strings.Join(append(urls, urls[1]), ","), "-publish-url", urls[0]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRunner(cfg, io.Discard, io.Discard)
+	if err := r.setup(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = r.eng.closeAll(5 * time.Second) }()
+	s, ok := r.sample()
+	if !ok {
+		t.Fatalf("no server sample; notes %q", r.res.Notes)
+	}
+	sum := r.serverSummary(s, s, s, 1, 1)
+	if r.pid != pids[0] || !slices.Equal(sum.PIDs, pids) || len(sum.Processes) != 2 {
+		t.Fatalf("measured pid %d, pids %v (%d processes); want %d, %v", r.pid, sum.PIDs, len(sum.Processes), pids[0], pids)
 	}
 }
