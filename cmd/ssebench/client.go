@@ -353,6 +353,17 @@ func (k *core) totals() *statsTotals {
 	return t
 }
 
+// resetLatency forgets the publish → receive latencies recorded so far: a
+// phase before the measured one (the reconnect storm's warm-up, delivered
+// to quiet streams) would pull its percentiles down.
+func (k *core) resetLatency() {
+	for _, s := range k.shards {
+		s.mu.Lock()
+		s.lat = histogram{}
+		s.mu.Unlock()
+	}
+}
+
 func (k *core) received() int64 {
 	var n int64
 	for _, s := range k.shards {

@@ -54,6 +54,8 @@ func (r *runner) reconnectStorm() error {
 	for i, c := range live {
 		baseConnects[i] = c.connects.Load()
 	}
+	// the latency reported is the storm's, as the deliveries are
+	r.eng.core().resetLatency()
 	tot0 := r.eng.core().totals()
 	before, haveServer := r.sample()
 	cpu0 := selfCPU()

@@ -309,6 +309,11 @@ func TestSmokeScenarios(t *testing.T) {
 		if res.Delivery.Expected != 100*21 { // warm-up event + 20
 			t.Fatalf("expected %d deliveries", res.Delivery.Expected)
 		}
+		// the latency is the storm's, as the deliveries are: not mixed
+		// with the warm-up's, delivered to quiet streams
+		if res.Latency.N != uint64(res.Delivery.Received) || res.Delivery.Received != 100*20 {
+			t.Fatalf("latency of %d deliveries, %d received in the storm", res.Latency.N, res.Delivery.Received)
+		}
 	})
 	t.Run("chaos-reload", func(t *testing.T) {
 		cfgFile, admin := fakeReload(t, base)
