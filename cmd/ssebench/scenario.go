@@ -594,17 +594,20 @@ func (r *runner) idle() error {
 	sleepPhase("settle", r.cfg.settle)
 	endBox()
 	after, _ := r.sample()
+	// the streams the server holds now: one that ended since the ramp
+	// (and is not open again) no longer costs it memory
+	open := r.eng.core().cnt.live.Load()
 	ms1 := r.serverMemStats()
 	cpu1 := selfCPU()
 	if haveServer {
 		s := r.serverSummary(base, base, after, time.Since(r.began).Seconds(), 0)
 		s.CPUCores = 0
-		if ramp.Connected > 0 {
-			s.RSSPerConnKiB = round3(float64(after.rssKiB-base.rssKiB) / float64(ramp.Connected))
+		if open > 0 {
+			s.RSSPerConnKiB = round3(float64(after.rssKiB-base.rssKiB) / float64(open))
 		}
-		if ms0 != nil && ms1 != nil && ramp.Connected > 0 {
-			ms1.PerConnStack = round3(float64(ms1.StackInuse-ms0.StackInuse) / float64(ramp.Connected))
-			ms1.PerConnHeap = round3(float64(ms1.HeapInuse-ms0.HeapInuse) / float64(ramp.Connected))
+		if ms0 != nil && ms1 != nil && open > 0 {
+			ms1.PerConnStack = round3(float64(ms1.StackInuse-ms0.StackInuse) / float64(open))
+			ms1.PerConnHeap = round3(float64(ms1.HeapInuse-ms0.HeapInuse) / float64(open))
 		}
 		s.MemStats = ms1
 		r.res.Server = s
@@ -617,14 +620,17 @@ func (r *runner) idle() error {
 		if err := r.adminToFile("/debug/pprof/heap?gc=1", r.cfg.serverHeapProfile, 30*time.Second); err != nil {
 			r.note("heap profile: " + err.Error())
 		}
-		if ms := r.serverMemStats(); ms != nil && r.res.Server != nil && ramp.Connected > 0 {
+		if ms := r.serverMemStats(); ms != nil && r.res.Server != nil && open > 0 {
 			r.note(fmt.Sprintf("after a forced GC: heap alloc %d KiB, heap inuse %d KiB = %.2f KiB/conn over the %d KiB before connecting",
-				ms.HeapAlloc, ms.HeapInuse, float64(ms.HeapInuse-ms0.HeapInuse)/float64(ramp.Connected), ms0.HeapInuse))
+				ms.HeapAlloc, ms.HeapInuse, float64(ms.HeapInuse-ms0.HeapInuse)/float64(open), ms0.HeapInuse))
 		}
 	}
 	sleepPhase("idle-hold", r.cfg.idleHold)
 	if ramp.Connected < int64(r.cfg.conns) {
 		return fmt.Errorf("only %d of %d streams opened", ramp.Connected, r.cfg.conns)
+	}
+	if open < ramp.Connected {
+		return fmt.Errorf("only %d of the %d streams opened were open when the memory was read", open, ramp.Connected)
 	}
 	return nil
 }

@@ -602,3 +602,33 @@ func TestRedisPublisherScripts(t *testing.T) {
 		t.Fatal("a non-loopback Redis was accepted")
 	}
 }
+
+// TestIdleCountsOpenStreams runs idle against a server that ends every
+// stream soon after opening it: the memory per stream is that of the
+// streams open when it is read, and a run whose streams are no longer
+// open fails instead of dividing the server's memory by streams it no
+// longer holds.
+func TestIdleCountsOpenStreams(t *testing.T) {
+	base := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, ": ok\n\n")
+		_ = http.NewResponseController(w).Flush()
+		time.Sleep(20 * time.Millisecond)
+	}))
+	cfg, err := parseArgs(append([]string{"idle", "-conns", "50", "-reconnect=false"}, common(base)...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stdout bytes.Buffer
+	code := newRunner(cfg, &stdout, io.Discard).run()
+	var res result
+	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
+		t.Fatalf("the JSON line does not parse: %v\n%s", err, stdout.String())
+	}
+	if code == 0 || res.OK || !strings.Contains(res.Error, "open") {
+		t.Fatalf("exit %d, ok %v, error %q: the streams had all ended", code, res.OK, res.Error)
+	}
+	if res.Server == nil || res.Server.RSSPerConnKiB != 0 {
+		t.Fatalf("server %+v: no memory per stream without open streams", res.Server)
+	}
+}
