@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -102,5 +104,37 @@ func TestChaosRedisActionsLeaveNothingRunning(t *testing.T) {
 	if c, err := net.DialTimeout("tcp", "127.0.0.1:"+port, time.Second); err == nil {
 		c.Close()
 		t.Fatalf("a Redis still listens on %s after the run", port)
+	}
+}
+
+// TestSpawnRedisRefusesABusyPort starts -spawn-redis on a -redis-port where
+// another Redis already listens: the one started there cannot listen and
+// exits, and the other one answers its PING. The run must not go on with a
+// Redis it did not start: its figures would be of a dead process, and
+// -chaos kill-redis would kill nothing while the run reported the servers
+// unharmed by Redis' deaths.
+func TestSpawnRedisRefusesABusyPort(t *testing.T) {
+	redisBin := needRedis(t)
+	port := strconv.Itoa(freePorts(t, 1)[0])
+	other := exec.Command(redisBin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
+	if err := other.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = other.Process.Kill(); _ = other.Wait() }()
+	deadline := time.Now().Add(10 * time.Second)
+	for dialReady("127.0.0.1:"+port, false) != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the other Redis does not listen")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cfg, err := parseArgs([]string{"fanout", "-q", "-spawn-redis", redisBin, "-redis-port", port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRunner(cfg, io.Discard, io.Discard)
+	defer r.stopServer()
+	if err := r.spawnRedisServer(); err == nil || !strings.Contains(err.Error(), "already listens") {
+		t.Fatalf("spawned on a busy port: %v", err)
 	}
 }

@@ -358,8 +358,17 @@ func (r *runner) spawnRedisServer() error {
 }
 
 // startRedis starts the spawned Redis' command line (again, after -chaos
-// killed it) and waits until it answers PING.
+// killed it) on its free port and waits until it answers PING and holds
+// the listening socket.
 func (r *runner) startRedis() error {
+	addr := strings.TrimPrefix(r.redisURL, "redis://")
+	// another Redis there would answer the PING of one that could not
+	// listen: the run would measure a dead process and -chaos would kill
+	// nothing
+	if c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
+		c.Close()
+		return fmt.Errorf("-spawn-redis: something already listens on %s; stop it first", addr)
+	}
 	logf, err := os.OpenFile(r.redisLogPathOrNew(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
@@ -375,7 +384,6 @@ func (r *runner) startRedis() error {
 	r.redis = p
 	r.mu.Unlock()
 	r.redisLogPath = p.log
-	addr := strings.TrimPrefix(r.redisURL, "redis://")
 	rdb := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: time.Second, ReadTimeout: time.Second, MaxRetries: -1, PoolSize: 1})
 	defer rdb.Close()
 	deadline := time.Now().Add(r.cfg.spawnWait)
@@ -383,13 +391,16 @@ func (r *runner) startRedis() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		err := rdb.Ping(ctx).Err()
 		cancel()
-		if err == nil {
+		if err == nil && listens(p.pid()) {
 			break
 		}
 		if p.exited() {
 			return fmt.Errorf("-spawn-redis: redis-server exited (log: %s)", p.log)
 		}
 		if time.Now().After(deadline) {
+			if err == nil {
+				return fmt.Errorf("-spawn-redis: %s answers, but redis-server pid %d does not listen after %s (log: %s)", addr, p.pid(), r.cfg.spawnWait, p.log)
+			}
 			return fmt.Errorf("-spawn-redis: no PONG from %s after %s: %v (log: %s)", addr, r.cfg.spawnWait, err, p.log)
 		}
 		time.Sleep(50 * time.Millisecond)
