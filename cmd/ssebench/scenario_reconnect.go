@@ -169,6 +169,9 @@ func (r *runner) reconnectStorm() error {
 	r.res.Latency = tot.lat.Summary()
 	r.res.Publish = pres.summary()
 	var problems []string
+	if ramp.Connected < int64(cfg.conns) {
+		problems = append(problems, fmt.Sprintf("only %d of %d streams opened", ramp.Connected, cfg.conns))
+	}
 	if rs.DoneS == 0 {
 		problems = append(problems, fmt.Sprintf("not done within %s: %d of %d clients reconnected, %d complete", cfg.waitTimeout, reconnected, len(live), t.complete))
 	}

@@ -632,3 +632,45 @@ func TestIdleCountsOpenStreams(t *testing.T) {
 		t.Fatalf("server %+v: no memory per stream without open streams", res.Server)
 	}
 }
+
+// TestReconnectFailsOnStreamsNotOpened runs the reconnect storm with a
+// server that refuses the first streams (an EventSource gives up on a
+// 503): a storm of fewer clients than asked for is not the storm measured,
+// and fails as fanout does, instead of reporting them all complete.
+func TestReconnectFailsOnStreamsNotOpened(t *testing.T) {
+	hub := newFakeSSE()
+	var mu sync.Mutex
+	refused := 0
+	base := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		refuse := r.Method == http.MethodGet && refused < 5
+		if refuse {
+			refused++
+		}
+		mu.Unlock()
+		if refuse {
+			http.Error(w, "busy", http.StatusServiceUnavailable)
+			return
+		}
+		hub.ServeHTTP(w, r)
+	}))
+	cfgFile, admin := fakeReload(t, base)
+	args := append([]string{"reconnect", "-conns", "20", "-events", "10", "-rate", "40", "-channel-prefix", "rr",
+		"-admin", admin, "-config", cfgFile, "-close-jitter", "1s"}, common(base)...)
+	cfg, err := parseArgs(args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stdout bytes.Buffer
+	code := newRunner(cfg, &stdout, io.Discard).run()
+	var res result
+	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
+		t.Fatalf("the JSON line does not parse: %v\n%s", err, stdout.String())
+	}
+	if res.Ramp == nil || res.Ramp.Connected != 15 || res.Reconnect == nil || res.Reconnect.Complete != 15 {
+		t.Fatalf("ramp %+v reconnect %+v: want 15 streams, each complete", res.Ramp, res.Reconnect)
+	}
+	if code == 0 || res.OK || !strings.Contains(res.Error, "only 15 of 20 streams opened") {
+		t.Fatalf("exit %d, ok %v, error %q: 5 of the 20 streams never opened", code, res.OK, res.Error)
+	}
+}
