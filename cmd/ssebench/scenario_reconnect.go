@@ -175,9 +175,12 @@ func (r *runner) reconnectStorm() error {
 	if rs.DoneS == 0 {
 		problems = append(problems, fmt.Sprintf("not done within %s: %d of %d clients reconnected, %d complete", cfg.waitTimeout, reconnected, len(live), t.complete))
 	}
-	if t.lost > 0 || tot.dupes > 0 {
-		problems = append(problems, fmt.Sprintf("%d events lost, %d duplicated", t.lost, tot.dupes))
+	if t.lost > 0 {
+		problems = append(problems, fmt.Sprintf("%d events lost", t.lost))
 	}
+	// as in fanout: duplicates, events of another channel, and (ordered
+	// publishers) events out of order, such as a replay after live events
+	problems = append(problems, deliveryFaults(d, cfg.ordered, true)...)
 	if f := pres.failed.Load(); f > 0 {
 		// their events need not arrive: the loss count cannot vouch for them
 		problems = append(problems, fmt.Sprintf("%d publishes failed", f))

@@ -55,6 +55,9 @@ type fakeSSE struct {
 	mu   sync.Mutex
 	log  map[string][][]byte // per channel, the frames by seq-1
 	subs map[*fakeSub]bool
+	// reverseReplay replays the missed events newest first (a broken
+	// server, for the tests of what a run counts as a fault)
+	reverseReplay bool
 }
 
 type fakeSub struct {
@@ -151,8 +154,12 @@ func (f *fakeSSE) stream(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	var replay []byte
 	if after >= 0 && after < len(f.log[ch]) {
-		for _, fr := range f.log[ch][after:] {
-			replay = append(replay, fr...)
+		missed := f.log[ch][after:]
+		for i := range missed {
+			if f.reverseReplay {
+				i = len(missed) - 1 - i
+			}
+			replay = append(replay, missed[i]...)
 		}
 	}
 	f.subs[s] = true
@@ -672,5 +679,39 @@ func TestReconnectFailsOnStreamsNotOpened(t *testing.T) {
 	}
 	if code == 0 || res.OK || !strings.Contains(res.Error, "only 15 of 20 streams opened") {
 		t.Fatalf("exit %d, ok %v, error %q: 5 of the 20 streams never opened", code, res.OK, res.Error)
+	}
+}
+
+// TestReconnectFailsOnReorderedReplays runs the reconnect storm with a
+// server that replays the missed events newest first: out of order, with
+// ordered publishers, is a fault in the storm as in fanout, not a figure
+// to report beside a passing run.
+func TestReconnectFailsOnReorderedReplays(t *testing.T) {
+	hub := newFakeSSE()
+	hub.reverseReplay = true
+	base := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && r.Header.Get("Last-Event-ID") != "" {
+			time.Sleep(300 * time.Millisecond) // events are published meanwhile
+		}
+		hub.ServeHTTP(w, r)
+	}))
+	cfgFile, admin := fakeReload(t, base)
+	args := append([]string{"reconnect", "-conns", "10", "-events", "20", "-rate", "40", "-channel-prefix", "ro",
+		"-admin", admin, "-config", cfgFile, "-close-jitter", "1s"}, common(base)...)
+	cfg, err := parseArgs(args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stdout bytes.Buffer
+	code := newRunner(cfg, &stdout, io.Discard).run()
+	var res result
+	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
+		t.Fatalf("the JSON line does not parse: %v\n%s", err, stdout.String())
+	}
+	if res.Delivery == nil || res.Delivery.Reordered == 0 || res.Delivery.Lost != 0 || res.Delivery.Dupes != 0 {
+		t.Fatalf("delivery %+v: want events out of order, none lost or duplicated", res.Delivery)
+	}
+	if code == 0 || res.OK || !strings.Contains(res.Error, "out of order") {
+		t.Fatalf("exit %d, ok %v, error %q: %d deliveries out of order", code, res.OK, res.Error, res.Delivery.Reordered)
 	}
 }
