@@ -170,6 +170,38 @@ func TestNamespaceFromAnUnsetVariable(t *testing.T) {
 	}
 }
 
+// README, Scale out with Redis: an unset REDIS_URL is a configuration
+// error, and one Caddyfile runs with and without Redis by importing the
+// snippet SSE_HUB names, the embedded hub when it is unset. (Seeds 000 and
+// 001 ask for in-process delivery where Redis is not configured; the README
+// said only that an unset URL is refused.)
+func TestHubChosenWhenTheCaddyfileIsAdapted(t *testing.T) {
+	const hub, url = "CADDY_SSE_TEST_SURELY_UNSET_HUB", "CADDY_SSE_TEST_SURELY_UNSET_REDIS_URL"
+	for _, name := range []string{hub, url} {
+		if _, set := os.LookupEnv(name); set {
+			t.Fatalf("%s must not be set", name)
+		}
+	}
+	site := "(hub-embedded) {\n}\n(hub-redis) {\n\tredis {$" + url + "}\n}\n" +
+		":8080 {\n\tsse /events {\n\t\tchannel a\n\t\timport hub-{$" + hub + ":embedded}\n\t}\n}\n"
+	adapt := func() (string, error) {
+		cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(site), map[string]any{"filename": "Caddyfile.test"})
+		return string(cfg), err
+	}
+	cfg, err := adapt()
+	if err != nil || strings.Contains(cfg, `"redis"`) {
+		t.Fatalf("%s unset: %v %s, want the embedded hub", hub, err, cfg)
+	}
+	t.Setenv(hub, "redis")
+	if _, err := adapt(); err == nil || !strings.Contains(err.Error(), "redis: give a url or addresses") {
+		t.Fatalf("%s=redis and %s unset: error %v, want the unset URL refused", hub, url, err)
+	}
+	t.Setenv(url, "redis://127.0.0.1:1")
+	if cfg, err := adapt(); err != nil || !strings.Contains(cfg, `"redis":{"url":"redis://127.0.0.1:1"}`) {
+		t.Fatalf("%s=redis: %v %s, want the Redis hub", hub, err, cfg)
+	}
+}
+
 // FuzzCaddyfile: the sse directive's parser never panics, and what it
 // accepts is a handler config that survives Caddy's JSON as it is, every
 // value in the range its subdirective allows (a Caddyfile that loads must
