@@ -2,6 +2,8 @@ package caddysse
 
 import (
 	"crypto/tls"
+	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -28,5 +30,49 @@ func TestReconnectFieldListSizeCountsEachCookie(t *testing.T) {
 	r.Header.Set("Last-Event-ID", strings.Repeat("x", 5000))
 	if got := fieldListReconnectSize(r, 1); got != want {
 		t.Fatalf("size %d with a Last-Event-ID of its own, want %d", got, want)
+	}
+}
+
+// README, "Streams of many channels": with the default max_header_size an
+// HTTP/1.1 stream takes about 350 channels named like
+// tenant-42:project-007:updates and about 88 of the longest (200-byte)
+// names, which it said were 70 (that is HTTP/2's figure).
+func TestREADMEChannelCountsOnHTTP1(t *testing.T) {
+	srv := startCaddy(t, `
+:{PORT} {
+	sse /events {
+		channel {query.channels}
+		max_channels 423
+	}
+}
+`)
+	names := func(n int, format string) string {
+		list := make([]string, n)
+		for i := range list {
+			list[i] = fmt.Sprintf(format, i)
+		}
+		return strings.Join(list, ",")
+	}
+	long := strings.Repeat("x", 197) + "%03d"
+	for _, tc := range []struct {
+		n      int
+		format string
+		fits   bool
+	}{
+		{340, "tenant-42:project-%03d:updates", true},
+		{370, "tenant-42:project-%03d:updates", false},
+		{85, long, true},
+		{95, long, false},
+	} {
+		c := openStream(t, srv.base+"/events?channels="+names(tc.n, tc.format), nil, nil)
+		body := []byte("(a stream)")
+		if c.resp.StatusCode != http.StatusOK {
+			body, _ = io.ReadAll(c.resp.Body)
+		}
+		c.close()
+		refused := c.resp.StatusCode == http.StatusBadRequest && strings.Contains(string(body), `"too_many_channels"`)
+		if tc.fits && c.resp.StatusCode != http.StatusOK || !tc.fits && !refused {
+			t.Errorf("%d channels of %d bytes: %d %s, want fitting %v", tc.n, len(fmt.Sprintf(tc.format, 0)), c.resp.StatusCode, body, tc.fits)
+		}
 	}
 }
