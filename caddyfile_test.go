@@ -193,7 +193,7 @@ func TestHubChosenWhenTheCaddyfileIsAdapted(t *testing.T) {
 		t.Fatalf("%s unset: %v %s, want the embedded hub", hub, err, cfg)
 	}
 	t.Setenv(hub, "redis")
-	if _, err := adapt(); err == nil || !strings.Contains(err.Error(), "redis: give a url or addresses") {
+	if _, err := adapt(); err == nil || !strings.Contains(err.Error(), "redis: give a URL or addresses") {
 		t.Fatalf("%s=redis and %s unset: error %v, want the unset URL refused", hub, url, err)
 	}
 	t.Setenv(url, "redis://127.0.0.1:1")

@@ -160,7 +160,7 @@ var serverFull = &rejection{status: http.StatusServiceUnavailable, code: "server
 
 // tooManyConnections is the refusal of a stream over its principal's cap.
 func (h *Handler) tooManyConnections() *rejection {
-	return &rejection{status: http.StatusTooManyRequests, code: "too_many_connections", detail: fmt.Sprintf("at most %d streams per principal", h.MaxConnectionsPerPrincipal)}
+	return &rejection{status: http.StatusTooManyRequests, code: "too_many_connections", detail: perPrincipal(h.MaxConnectionsPerPrincipal)}
 }
 
 // refusalWhenFull is the refusal of a stream by a full instance: the
@@ -231,4 +231,13 @@ func writeShortStream(w http.ResponseWriter, r *http.Request, body []byte) {
 // wholeSeconds rounds d up to whole seconds, as Retry-After gives it.
 func wholeSeconds(d time.Duration) int64 {
 	return int64((d + time.Second - 1) / time.Second)
+}
+
+// perPrincipal says the cap in a refusal's detail, in words a person reads
+// ("at most 1 stream", not "1 streams").
+func perPrincipal(limit int) string {
+	if limit == 1 {
+		return "at most 1 stream per principal"
+	}
+	return fmt.Sprintf("at most %d streams per principal", limit)
 }

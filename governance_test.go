@@ -63,6 +63,7 @@ type refusal struct {
 	code       string
 	retryAfter int // seconds, from the header
 	retryMs    int // from the stream's retry: field (in_stream only)
+	detail     string
 }
 
 // getRefusal GETs path and reads the refusal, whichever mode answers it.
@@ -90,7 +91,7 @@ func (s *testServer) getRefusal(path string) refusal {
 		if err := json.Unmarshal(body, &e); err != nil {
 			s.t.Fatalf("GET %s: status %d, body %q is not a JSON refusal", path, resp.StatusCode, body)
 		}
-		out.code = e.Error
+		out.code, out.detail = e.Error, e.Detail
 		return out
 	}
 	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
@@ -106,7 +107,7 @@ func (s *testServer) getRefusal(path string) refusal {
 	if err := json.Unmarshal([]byte(strings.TrimPrefix(lines[2], "data: ")), &e); err != nil {
 		s.t.Fatalf("sse_rejected data %q: %v", lines[2], err)
 	}
-	out.code = e.Error
+	out.code, out.detail = e.Error, e.Detail
 	return out
 }
 
@@ -136,6 +137,9 @@ func TestTemporaryRejectionsInBothModes(t *testing.T) {
 			srv.subscribe("/events?channels=a&user=u1", nil).comment("ok")
 			// the principal's cap: 1 stream
 			check("/events?channels=a&user=u1", 429, "too_many_connections", 5, 5)
+			if got := srv.getRefusal("/events?channels=a&user=u1"); got.detail != "at most 1 stream per principal" {
+				t.Errorf("the cap's detail %q", got.detail)
+			}
 			srv.subscribe("/events?channels=a&user=u2", nil).comment("ok")
 			// the instance's cap: 2 streams
 			check("/events?channels=a&user=u3", 503, "server_full", 5, 5)

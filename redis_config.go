@@ -174,7 +174,7 @@ func (c *RedisConfig) redisOptions() (pubsub.RedisOptions, error) {
 		opts.Addrs = append(opts.Addrs, addr)
 	}
 	if c.URL != "" && len(c.Addresses) > 0 {
-		return opts, errors.New("redis: give a url or addresses, not both")
+		return opts, errors.New("redis: give a URL or addresses, not both")
 	}
 	if c.URL != "" {
 		raw, err := resolveAtLoad(repl, "URL", c.URL)
@@ -538,9 +538,9 @@ func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	switch {
 	case c.URL == "" && len(c.Addresses) == 0:
-		return d.Err("redis: give a url or addresses")
+		return d.Err("redis: give a URL or addresses")
 	case c.URL != "" && len(c.Addresses) > 0:
-		return d.Err("redis: give a url or addresses, not both")
+		return d.Err("redis: give a URL or addresses, not both")
 	case c.Cluster && c.Sentinel != "":
 		return d.Err("redis: cluster or sentinel <master-name>, not both")
 	}
