@@ -76,3 +76,34 @@ func TestSSEConnKeepsItsLastEventIDThroughEventsWithoutOne(t *testing.T) {
 		t.Fatalf("after server_closing the last event id is %q, want cursor-7", id)
 	}
 }
+
+// An id-only block (the module's opening ends with one, giving a stream's
+// cursor before its first event) moves the client's Last-Event-ID, as it
+// moves an EventSource's, though nothing dispatches: the test client moved
+// it on events only, so the end-to-end tests reconnected a stream cut
+// before its first event as a fresh one and could not see the opening id.
+func TestSSEConnTakesTheIDOfAnIDOnlyBlock(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, ": ok\nretry: 3000\nid: opening\n\nevent: server_closing\ndata: {\"reason\":\"reload\"}\n\nid: closing\n\n")
+	}))
+	defer srv.Close()
+	c, err := tryOpenStream(srv.Client(), srv.URL, "", time.Now().Add(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.close()
+	ev, err := c.next(time.Now().Add(10 * time.Second))
+	if err != nil || ev.Type != "server_closing" {
+		t.Fatalf("next: %v %v, want server_closing", ev, err)
+	}
+	if id := c.lastEventID(); id != "opening" {
+		t.Fatalf("after the opening's id-only block the last event id is %q, want opening", id)
+	}
+	if err := c.expectEnd(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if id := c.lastEventID(); id != "closing" {
+		t.Fatalf("at the end the last event id is %q, want closing", id)
+	}
+}

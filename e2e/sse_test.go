@@ -18,7 +18,11 @@ import (
 
 // sseEvent is an event dispatched by the WHATWG event stream parser.
 type sseEvent struct {
-	Type  string // "message" when the stream named none
+	// Type is "message" when the stream named none, and empty for a block
+	// that only set the last event ID (an id line and no data, as the
+	// module's opening ends with): nothing dispatches, but an EventSource
+	// sends that id when it reconnects
+	Type  string
 	Data  string
 	ID    string // the stream's last event ID once this event dispatched
 	HasID bool   // the event's block had an id field
@@ -243,6 +247,7 @@ func (c *sseConn) read(lastID string) {
 	p.lastID = lastID
 	first := true
 	preambled := false
+	dispatched := lastID // the last event ID as of the last blank line
 	err := readLines(c.resp.Body, func(l string) {
 		if first {
 			c.firstLine, first = l, false
@@ -252,6 +257,12 @@ func (c *sseConn) read(lastID string) {
 			c.openRetry = p.reconnectMS
 			preambled = true
 			close(c.preamble)
+		}
+		if blank && ev == nil && p.lastID != dispatched {
+			ev = &sseEvent{ID: p.lastID, HasID: true, Retry: -1} // an id-only block
+		}
+		if blank {
+			dispatched = p.lastID
 		}
 		if ev != nil {
 			select {
@@ -270,29 +281,42 @@ func (c *sseConn) close() {
 }
 
 // next returns the stream's next event, or an error if the stream ends or
-// deadline passes first.
+// deadline passes first. An id-only block on the way moves the stream's
+// last event ID, as it does an EventSource's.
 func (c *sseConn) next(deadline time.Time) (sseEvent, error) {
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	for {
+		ev, err := c.receive(timer.C)
+		if err != nil {
+			return ev, err
+		}
+		c.took(ev)
+		if ev.Type != "" {
+			return ev, nil
+		}
+	}
+}
+
+// receive returns the stream's next block, events already parsed before
+// the stream's end or the timeout.
+func (c *sseConn) receive(timeout <-chan time.Time) (sseEvent, error) {
 	select {
 	case ev := <-c.events:
-		c.took(ev)
 		return ev, nil
 	default:
 	}
-	timer := time.NewTimer(time.Until(deadline))
-	defer timer.Stop()
 	select {
 	case ev := <-c.events:
-		c.took(ev)
 		return ev, nil
 	case <-c.done:
 		select {
 		case ev := <-c.events:
-			c.took(ev)
 			return ev, nil
 		default:
 		}
 		return sseEvent{}, fmt.Errorf("stream ended (%v) while waiting for an event", c.err)
-	case <-timer.C:
+	case <-timeout:
 		return sseEvent{}, errors.New("no event before the deadline")
 	}
 }
@@ -318,10 +342,17 @@ func (c *sseConn) expectEnd(deadline time.Time) error {
 	case <-time.After(time.Until(deadline)):
 		return errors.New("stream did not end before the deadline")
 	}
-	select {
-	case ev := <-c.events:
-		return fmt.Errorf("unexpected event before the end of the stream: %v", ev)
-	default:
+	for {
+		select {
+		case ev := <-c.events:
+			c.took(ev)
+			if ev.Type != "" {
+				return fmt.Errorf("unexpected event before the end of the stream: %v", ev)
+			}
+			continue
+		default:
+		}
+		break
 	}
 	if !errors.Is(c.err, io.EOF) {
 		return fmt.Errorf("stream ended with %v, want a clean EOF", c.err)
