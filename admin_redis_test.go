@@ -282,3 +282,21 @@ func TestStatsAnswerInTimeWhileRedisHangs(t *testing.T) {
 		t.Fatalf("stats %+v, want the stream counted here and a cluster_error", got)
 	}
 }
+
+// caddy_sse_redis_up tells an unreachable Redis before any stream or
+// publish used it: a config loaded (or reloaded) onto a Redis that is down,
+// or onto a wrong address, reported 1 for as long as no traffic came, and
+// an alert on the metric never fired. A scrape is a use: it has the hub
+// connect, in the background (Provision still touches no network).
+func TestRedisUpTellsAnUnreachableRedisBeforeAnyTraffic(t *testing.T) {
+	rds := redistest.Start(t)
+	rds.Kill()
+	srv := startCaddy(t, metricsRedisSite(rds.URL()))
+	eventually(t, "redis_up to be 0 with Redis down and no traffic", func() bool {
+		return metric(t, srv.scrape(), "caddy_sse_redis_up") == 0
+	})
+	rds.Restart()
+	eventually(t, "redis_up to be 1 once Redis answers, still without traffic", func() bool {
+		return metric(t, srv.scrape(), "caddy_sse_redis_up") == 1
+	})
+}

@@ -71,6 +71,8 @@ type Redis struct {
 	local   localFallback
 
 	onClose       []func() // run by Close before the client closes
+	onFirstStatus func()   // has the broker connect, at the first BackendStatus
+	statusOnce    sync.Once
 	reconnects    atomic.Uint64
 	badWarned     sync.Map        // channels warned of invalid events (warnBad)
 	badNotices    rarelog.Warning // malformed announcements (watcher.onNotice)
@@ -738,6 +740,13 @@ func (b *Redis) Available() bool { return b.up.Load() }
 
 // BackendStatus reports the connection to Redis, for the metrics.
 func (b *Redis) BackendStatus() BackendStatus {
+	// a broker nobody has used is only presumed up (NewRedis): asked, it
+	// connects, so that the answers after this one tell
+	b.statusOnce.Do(func() {
+		if b.onFirstStatus != nil && !b.closed.Load() {
+			go b.onFirstStatus()
+		}
+	})
 	st := BackendStatus{Up: b.up.Load(), Reconnects: b.reconnects.Load(), Channels: b.watch.count()}
 	if st.Denied = b.watch.countDenied(); st.Denied > 0 {
 		if err := b.deniedError(); err != nil {

@@ -28,6 +28,9 @@ func NewRedisHub(opts RedisOptions) (*Hub, error) {
 	broker.onClose = append(broker.onClose, leases.Close)
 	throttles := NewRedisThrottles(broker)
 	throttles.follow(hub)
+	// following the announcements keeps a connection to Redis, whose state
+	// the broker then reports (caddy_sse_redis_up)
+	broker.onFirstStatus = throttles.following
 	for _, opt := range []HubOption{
 		WithName(redisHubName(broker.opts)),
 		WithLeases(leases),
