@@ -112,13 +112,15 @@ func (h *Handler) publishAll(ctx context.Context, req *publishRequest, tokens pu
 	var firstErr error
 	for _, name := range req.channels {
 		key := h.channelKey(name)
-		pos, err := h.hub.Publish(ctx, key, msg, h.limits)
+		pos, repeat, err := h.hub.PublishCounted(ctx, key, msg, h.limits)
 		if err != nil {
 			failed = append(failed, name)
 			firstErr = cmpOr(firstErr, err)
 			continue
 		}
-		h.metrics.publishedEvent()
+		if !repeat { // a keyed retry's channels published by its first attempt count once
+			h.metrics.publishedEvent()
+		}
 		reply.IDs[name] = replay.EncodeCursor(replay.ChannelPosition{Hash: replay.HashChannel(key), Pos: pos})
 	}
 	if len(failed) > 0 {

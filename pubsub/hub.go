@@ -108,6 +108,23 @@ func (h *Hub) Publish(ctx context.Context, channel string, msg Message, lim repl
 	return h.broker.Publish(ctx, channel, msg, lim)
 }
 
+// PublishCounted is Publish that also reports whether the broker answered
+// with the event of an earlier call (repeat: a keyed retry, for a channel
+// its first attempt published), nothing being published now. Only a broker
+// that keeps publish tokens (Redis) answers so.
+func (h *Hub) PublishCounted(ctx context.Context, channel string, msg Message, lim replay.Limits) (pos replay.Position, repeat bool, err error) {
+	if h.closed.Load() {
+		return replay.Position{}, false, ErrClosed
+	}
+	if b, ok := h.broker.(interface {
+		PublishCounted(context.Context, string, Message, replay.Limits) (replay.Position, bool, error)
+	}); ok {
+		return b.PublishCounted(ctx, channel, msg, lim)
+	}
+	pos, err = h.broker.Publish(ctx, channel, msg, lim)
+	return pos, false, err
+}
+
 // Read reads channel's history through the broker.
 func (h *Hub) Read(ctx context.Context, channel string, after *replay.Position, limit int) (replay.Page, error) {
 	if h.closed.Load() {

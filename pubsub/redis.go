@@ -25,15 +25,17 @@ import (
 var redisFunctions string
 
 // Names of the library's functions. The module publishes with
-// FunctionPublishOnce and reads with FunctionRead, the forms that declare
-// the keys they use (functionKeys), so that a Redis Cluster migrating a
-// channel's slot runs them where its keys are; FunctionPublish (the form
-// with the base key) and FunctionPublishV2 are for direct publishers.
+// FunctionPublishCounted and reads with FunctionRead, the forms that
+// declare the keys they use (functionKeys), so that a Redis Cluster
+// migrating a channel's slot runs them where its keys are; FunctionPublish
+// (the form with the base key), FunctionPublishV2 and FunctionPublishOnce
+// (whose reply is the position alone) are for direct publishers.
 const (
-	FunctionPublish     = "sse_publish_v1"
-	FunctionPublishV2   = "sse_publish_v2"
-	FunctionPublishOnce = "sse_publish_once_v2"
-	FunctionRead        = "sse_read_v3"
+	FunctionPublish        = "sse_publish_v1"
+	FunctionPublishV2      = "sse_publish_v2"
+	FunctionPublishOnce    = "sse_publish_once_v2"
+	FunctionPublishCounted = "sse_publish_once_v3"
+	FunctionRead           = "sse_read_v3"
 )
 
 // functionKeys are the keys a call of function declares for the channel
@@ -43,7 +45,7 @@ func functionKeys(function, base string, args []any) []string {
 	switch function {
 	case FunctionRead, FunctionPublishV2:
 		return []string{base + ":m", base + ":s"}
-	case FunctionPublishOnce:
+	case FunctionPublishOnce, FunctionPublishCounted:
 		token, _ := args[0].(string)
 		return []string{base + ":m", base + ":s", base + ":p:" + token}
 	}
@@ -153,8 +155,16 @@ const EntryOverhead = 64
 // Publish appends the event to the channel's stream and announces it, in
 // one function call.
 func (b *Redis) Publish(ctx context.Context, channel string, msg Message, lim replay.Limits) (replay.Position, error) {
+	pos, _, err := b.PublishCounted(ctx, channel, msg, lim)
+	return pos, err
+}
+
+// PublishCounted is Publish that also reports whether Redis answered with
+// the event of an earlier call of the same token (repeat: a keyed retry, for
+// a channel its first attempt published), nothing being published now.
+func (b *Redis) PublishCounted(ctx context.Context, channel string, msg Message, lim replay.Limits) (pos replay.Position, repeat bool, err error) {
 	if b.closed.Load() {
-		return replay.Position{}, ErrClosed
+		return replay.Position{}, false, ErrClosed
 	}
 	key := b.Key(channel)
 	lim = redisLimits(lim)
@@ -174,7 +184,6 @@ func (b *Redis) Publish(ctx context.Context, channel string, msg Message, lim re
 	args := []any{token, ttl.Milliseconds(),
 		msg.Type, msg.Data, lim.Count, lim.MaxAge.Milliseconds(), lim.MaxBytes}
 	var reply any
-	var err error
 	switch {
 	case !b.reachable(ctx, key):
 		// Redis is known not to answer: fail fast (see redis_probe.go)
@@ -186,23 +195,23 @@ func (b *Redis) Publish(ctx context.Context, channel string, msg Message, lim re
 		reply, err = b.publishAndWait(ctx, key, args)
 	default:
 		stop := b.watchStall()
-		reply, err = b.call(ctx, key, FunctionPublishOnce, false, args...)
+		reply, err = b.call(ctx, key, FunctionPublishCounted, false, args...)
 		stop(err)
 		reply, err = b.publishWhileMigrating(ctx, key, args, reply, err)
 	}
 	if err != nil {
 		if (b.opts.FallbackLocal || fallbackLocalFrom(ctx)) && isUnavailable(err) {
-			return b.local.publish(channel, msg, b.deliver), nil
+			return b.local.publish(channel, msg, b.deliver), false, nil
 		}
-		return replay.Position{}, err
+		return replay.Position{}, false, err
 	}
-	pos, err := parsePosition(reply)
+	pos, repeat, err = parsePublished(reply)
 	if err == nil && msg.Once == "" {
 		// a keyed publish may answer with an earlier request's event,
 		// whose content is not msg's
 		b.watch.deliverPublished(key, pos, msg)
 	}
-	return pos, err
+	return pos, repeat, err
 }
 
 // publishToken is a new random token for one publish (its calls of
@@ -238,7 +247,7 @@ func (b *Redis) publishAndWait(ctx context.Context, key string, args []any) (any
 	if err != nil {
 		return nil, b.unavailable(err)
 	}
-	function, asking := FunctionPublishOnce, false
+	function, asking := FunctionPublishCounted, false
 	var pause migrationPause
 	for attempt := 0; ; attempt++ {
 		reply, err := b.publishAndWaitOn(ctx, node, key, function, asking, args)
@@ -264,7 +273,7 @@ func (b *Redis) publishAndWait(ctx context.Context, key string, args []any) (any
 				defer tmp.Close()
 				node = tmp
 			}
-		case function == FunctionPublishOnce:
+		case function == FunctionPublishCounted:
 			function, args = FunctionPublishV2, args[2:]
 		default: // the keys are being moved: try again in a moment
 			if !pause.wait(ctx) {

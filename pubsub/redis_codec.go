@@ -122,21 +122,27 @@ func positionOfID(epoch uint32, id string) (replay.Position, error) {
 	return replay.Position{Epoch: epoch, Seq: seq, Time: ms}, nil
 }
 
-// parsePosition decodes sse_publish_v1's reply {epoch, seq, time}.
-func parsePosition(reply any) (replay.Position, error) {
+// parsePublished decodes a publish's reply: {epoch, seq, time} from the
+// forms without a count (sse_publish_v2, which a publish falls back to while
+// its slot migrates), {epoch, seq, time, repeat} from
+// FunctionPublishCounted, whose repeat is 1 for an earlier call's event.
+func parsePublished(reply any) (pos replay.Position, repeat bool, err error) {
 	items, ok := reply.([]any)
-	if !ok || len(items) != 3 {
-		return replay.Position{}, fmt.Errorf("unexpected publish reply %v", reply)
+	if !ok || len(items) < 3 || len(items) > 4 {
+		return replay.Position{}, false, fmt.Errorf("unexpected publish reply %v", reply)
 	}
-	var nums [3]uint64
-	for i := range nums {
+	var nums [4]uint64
+	for i := range items {
 		v, err := replyUint(items[i])
 		if err != nil {
-			return replay.Position{}, err
+			return replay.Position{}, false, err
 		}
 		nums[i] = v
 	}
-	return replay.Position{Epoch: uint32(nums[0]), Seq: nums[1], Time: int64(nums[2])}, nil
+	if nums[3] > 1 {
+		return replay.Position{}, false, fmt.Errorf("unexpected publish reply %v", reply)
+	}
+	return replay.Position{Epoch: uint32(nums[0]), Seq: nums[1], Time: int64(nums[2])}, nums[3] == 1, nil
 }
 
 func replyUint(v any) (uint64, error) {

@@ -161,9 +161,16 @@ func FuzzParsePage(f *testing.F) {
 		if page, bad, err := parsePage(reply); err == nil {
 			checkPage(t, reply, page, bad)
 		}
-		if pos, err := parsePosition(reply); err == nil && numbersInRange(reply) {
+		if pos, repeat, err := parsePublished(reply); err == nil && numbersInRange(reply) {
 			checkCursorRange(t, "publish reply", pos)
 			checkNumbers(t, reply, pos)
+			flag := uint64(0) // a reply without the fourth item is no repeat
+			if len(reply) == 4 {
+				flag, _ = replyUint(reply[3])
+			}
+			if repeat != (flag == 1) {
+				t.Fatalf("reply %q read as repeat %v", reply, repeat)
+			}
 		}
 
 		if tm < 0 || tm > 1<<62 {

@@ -55,6 +55,10 @@ FCALL_RO sse_read_v3 2 <B>:m <B>:s <limit> [<epoch> <seq> <time>]
   aged entries the stream still held; sse_read_v2 reads the same now, but a
   Redis loaded with the earlier library has it, and only a missing function
   makes an instance load the library again.
+FCALL sse_publish_once_v3 3 <B>:m <B>:s <B>:p:<token> <token> <ttl_ms> <type> <data> [...]
+  sse_publish_once_v2 whose reply is {epoch, seq, time, repeat}: repeat is 1
+  when the reply is the one kept for the token (nothing published now), 0
+  when this call published. caddy-sse calls it to count what it publishes.
 ]==]
 
 local OVERHEAD = 64 -- what an entry costs besides its type and data
@@ -230,9 +234,10 @@ local function publish(keys, args)
   return { num(epoch), num(seq), num(t) }
 end
 
--- publish_once is publish at most once per token: a retry of a call (the
--- same token) gets the first call's reply
-local function publish_once(keys, args)
+-- publish_once_repeat is publish at most once per token: a retry of a call
+-- (the same token) gets the first call's reply. It also returns whether the
+-- reply is that of an earlier call (nothing published now).
+local function publish_once_repeat(keys, args)
   if #args > 7 then
     return redis.error_reply('ERR sse: the arguments are <token> <ttl_ms> <type> <data> [<count> [<max_age_ms> [<max_bytes>]]]')
   end
@@ -247,12 +252,17 @@ local function publish_once(keys, args)
   local kept = redis.call('GET', pkey)
   if kept then
     local e, s, t = string.match(kept, '^(%d+):(%d+):(%d+)$')
-    if e then return { e, s, t } end
+    if e then return { e, s, t }, true end
   end
   local reply = publish(keys, { args[3], args[4], args[5], args[6], args[7] })
   if type(reply) == 'table' and reply[1] ~= nil then
     redis.call('SET', pkey, reply[1] .. ':' .. reply[2] .. ':' .. reply[3], 'PX', ttl)
   end
+  return reply, false
+end
+
+local function publish_once(keys, args)
+  local reply = publish_once_repeat(keys, args)
   return reply
 end
 
@@ -359,12 +369,32 @@ local function publish_v2(keys, args)
   return publish({ base }, args)
 end
 
-local function publish_once_v2(keys, args)
+-- once_base returns B of the publish-once forms' keys (B:m, B:s and
+-- B:p:<token>), or nil if they are not those
+local function once_base(keys, args)
   local base = base_of(keys, 3)
-  if not base or keys[3] ~= base .. ':p:' .. (args[1] or '') then
-    return redis.error_reply(KEYS_ERR .. ' <B>:p:<token>')
-  end
+  if base and keys[3] == base .. ':p:' .. (args[1] or '') then return base end
+  return nil
+end
+
+local function publish_once_v2(keys, args)
+  local base = once_base(keys, args)
+  if not base then return redis.error_reply(KEYS_ERR .. ' <B>:p:<token>') end
   return publish_once({ base }, args)
+end
+
+-- publish_once_v3 is publish_once_v2 whose reply says, fourth, whether it
+-- is an earlier call's (1) or a publish now (0): caddy-sse counts what it
+-- publishes, and a keyed retry after a partial failure is answered with the
+-- first attempt's events for the channels it published
+local function publish_once_v3(keys, args)
+  local base = once_base(keys, args)
+  if not base then return redis.error_reply(KEYS_ERR .. ' <B>:p:<token>') end
+  local reply, repeated = publish_once_repeat({ base }, args)
+  if type(reply) == 'table' and reply[1] ~= nil then
+    reply[4] = repeated and 1 or 0
+  end
+  return reply
 end
 
 local function read_v2(keys, args)

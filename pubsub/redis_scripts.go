@@ -29,7 +29,7 @@ func evalScript(function string) string {
 		b.WriteByte('\n')
 	}
 	callback := map[string]string{FunctionPublish: "publish", FunctionPublishV2: "publish_v2",
-		FunctionPublishOnce: "publish_once_v2", FunctionRead: "read_v2"}[function]
+		FunctionPublishOnce: "publish_once_v2", FunctionPublishCounted: "publish_once_v3", FunctionRead: "read_v2"}[function]
 	b.WriteString("return " + callback + "(KEYS, ARGV)\n")
 	return b.String()
 }
@@ -37,10 +37,11 @@ func evalScript(function string) string {
 // scripts holds every function the broker calls: publishWhileMigrating
 // calls FunctionPublishV2 too.
 var scripts = map[string]*redis.Script{
-	FunctionPublish:     redis.NewScript(evalScript(FunctionPublish)),
-	FunctionPublishV2:   redis.NewScript(evalScript(FunctionPublishV2)),
-	FunctionPublishOnce: redis.NewScript(evalScript(FunctionPublishOnce)),
-	FunctionRead:        redis.NewScript(evalScript(FunctionRead)),
+	FunctionPublish:        redis.NewScript(evalScript(FunctionPublish)),
+	FunctionPublishV2:      redis.NewScript(evalScript(FunctionPublishV2)),
+	FunctionPublishOnce:    redis.NewScript(evalScript(FunctionPublishOnce)),
+	FunctionPublishCounted: redis.NewScript(evalScript(FunctionPublishCounted)),
+	FunctionRead:           redis.NewScript(evalScript(FunctionRead)),
 }
 
 // runScript runs a function's script form (EVALSHA, or EVAL if Redis does

@@ -771,14 +771,14 @@ func TestRedisPublishOncePerToken(t *testing.T) {
 	}
 }
 
-// A Redis that has an older library (sse_publish_v1 without
-// sse_publish_once_v2) answers "Function not found": the broker loads its
-// own library, which keeps sse_publish_v1 for direct publishers.
+// A Redis that has an older library (without the publish function the
+// broker calls) answers "Function not found": the broker loads its own
+// library, which keeps sse_publish_v1 for direct publishers.
 func TestRedisOlderLibraryIsReplaced(t *testing.T) {
 	srv := redistest.Start(t)
-	older := strings.ReplaceAll(redisFunctions, "redis.register_function('sse_publish_once_v2', publish_once_v2)\n", "")
+	older := strings.ReplaceAll(redisFunctions, "redis.register_function('"+FunctionPublishCounted+"', publish_once_v3)\n", "")
 	if older == redisFunctions {
-		t.Fatal("no registration of sse_publish_once_v2 in the library")
+		t.Fatal("no registration of " + FunctionPublishCounted + " in the library")
 	}
 	srv.MustCLI("FUNCTION", "LOAD", older)
 	hub, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
@@ -786,6 +786,35 @@ func TestRedisOlderLibraryIsReplaced(t *testing.T) {
 	srv.MustCLI("FCALL", FunctionPublish, "1", "sse:{u}", "t", "direct")
 	if n := srv.MustCLI("XLEN", "sse:{u}:s"); n != "2" {
 		t.Fatalf("the history holds %s events, want 2", n)
+	}
+}
+
+// A publish's reply says whether it is an earlier call's (the same token:
+// a keyed retry), as a function and as a script, so that the module counts
+// each event once; the direct publishers' form answers as before.
+func TestRedisPublishCountedSaysARepeat(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	for name, opts := range map[string]RedisOptions{
+		"functions": {Addrs: []string{srv.Addr()}},
+		"scripts":   withoutFunctions(RedisOptions{Addrs: []string{srv.Addr()}}, srv),
+	} {
+		t.Run(name, func(t *testing.T) {
+			hub, _ := newRedisHub(t, opts)
+			msg := Message{Type: "t", Data: []byte("x"), Once: "tok-" + name}
+			first, repeat, err := hub.PublishCounted(ctx, name, msg, testLimits)
+			if err != nil || repeat {
+				t.Fatalf("the first call: %+v, repeat %v, %v", first, repeat, err)
+			}
+			again, repeat, err := hub.PublishCounted(ctx, name, msg, testLimits)
+			if err != nil || !repeat || again != first {
+				t.Fatalf("the call again: %+v (first %+v), repeat %v, %v", again, first, repeat, err)
+			}
+		})
+	}
+	reply := srv.MustCLI("FCALL", FunctionPublishOnce, "3", "sse:{d}:m", "sse:{d}:s", "sse:{d}:p:tok", "tok", "30000", "t", "d")
+	if n := len(strings.Fields(reply)); n != 3 {
+		t.Fatalf("%s answered %q, want {epoch, seq, time}", FunctionPublishOnce, reply)
 	}
 }
 
