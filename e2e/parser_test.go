@@ -55,19 +55,7 @@ func TestSSEParser(t *testing.T) {
 // was published meanwhile (TestReloadToNewRedisSettingsUnderLoadLosesNothing
 // failed so once).
 func TestSSEConnKeepsItsLastEventIDThroughEventsWithoutOne(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if got := r.Header.Get("Last-Event-ID"); got != "cursor-7" {
-			t.Errorf("Last-Event-ID %q, want cursor-7", got)
-		}
-		w.Header().Set("Content-Type", "text/event-stream")
-		_, _ = io.WriteString(w, ": ok\nretry: 3000\n\nevent: server_closing\ndata: {\"reason\":\"reload\"}\n\n")
-	}))
-	defer srv.Close()
-	c, err := tryOpenStream(srv.Client(), srv.URL, "cursor-7", time.Now().Add(10*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.close()
+	c := openCanned(t, ": ok\nretry: 3000\n\nevent: server_closing\ndata: {\"reason\":\"reload\"}\n\n", "cursor-7")
 	ev, err := c.next(time.Now().Add(10 * time.Second))
 	if err != nil || ev.Type != "server_closing" {
 		t.Fatalf("next: %v %v, want server_closing", ev, err)
@@ -83,16 +71,7 @@ func TestSSEConnKeepsItsLastEventIDThroughEventsWithoutOne(t *testing.T) {
 // it on events only, so the end-to-end tests reconnected a stream cut
 // before its first event as a fresh one and could not see the opening id.
 func TestSSEConnTakesTheIDOfAnIDOnlyBlock(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		_, _ = io.WriteString(w, ": ok\nretry: 3000\nid: opening\n\nevent: server_closing\ndata: {\"reason\":\"reload\"}\n\nid: closing\n\n")
-	}))
-	defer srv.Close()
-	c, err := tryOpenStream(srv.Client(), srv.URL, "", time.Now().Add(10*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.close()
+	c := openCanned(t, ": ok\nretry: 3000\nid: opening\n\nevent: server_closing\ndata: {\"reason\":\"reload\"}\n\nid: closing\n\n", "")
 	ev, err := c.next(time.Now().Add(10 * time.Second))
 	if err != nil || ev.Type != "server_closing" {
 		t.Fatalf("next: %v %v, want server_closing", ev, err)
@@ -106,4 +85,25 @@ func TestSSEConnTakesTheIDOfAnIDOnlyBlock(t *testing.T) {
 	if id := c.lastEventID(); id != "closing" {
 		t.Fatalf("at the end the last event id is %q, want closing", id)
 	}
+}
+
+// openCanned opens a stream, with lastID as its Last-Event-ID, from a
+// server that answers it with body and ends it; the server checks that
+// the request came with lastID.
+func openCanned(t *testing.T, body, lastID string) *sseConn {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if got := r.Header.Get("Last-Event-ID"); got != lastID {
+			t.Errorf("Last-Event-ID %q, want %q", got, lastID)
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, body)
+	}))
+	t.Cleanup(srv.Close)
+	c, err := tryOpenStream(srv.Client(), srv.URL, lastID, time.Now().Add(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.close)
+	return c
 }

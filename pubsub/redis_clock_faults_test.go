@@ -48,8 +48,7 @@ func TestRedisThrottlesOverBeforeAFailedClockMeasurementStayOver(t *testing.T) {
 	opts := RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: 500 * time.Millisecond}
 	ctx := context.Background()
 	a := newRedisThrottles(t, opts)
-	_, _ = a.Remaining(ctx, "x")
-	waitLoaded(t, a)
+	followLoaded(t, a)
 	const key = "user|over"
 	if err := a.Throttle(ctx, key, 300*time.Millisecond); err != nil {
 		t.Fatal(err)

@@ -288,8 +288,7 @@ func TestRedisThrottlesFollowAnnouncements(t *testing.T) {
 
 	// an instance started later reads the throttle from the history
 	c := newHub()
-	_, _ = c.Remaining(ctx, "x")
-	waitLoaded(t, c)
+	followLoaded(t, c)
 	if left, _ := c.Remaining(ctx, "user|1.2.3.4"); left < 50*time.Second || left > time.Minute {
 		t.Fatalf("an instance started later: %v left, want about a minute", left)
 	}
@@ -302,6 +301,14 @@ func TestRedisThrottlesFollowAnnouncements(t *testing.T) {
 	}
 	waitThrottled(t, b, "other|1.2.3.4")
 	waitThrottled(t, c, "other|1.2.3.4")
+}
+
+// followLoaded has r follow the announcements (its first lookup) and
+// waits until they are loaded.
+func followLoaded(t *testing.T, r *RedisThrottles) {
+	t.Helper()
+	_, _ = r.Remaining(context.Background(), "x")
+	waitLoaded(t, r)
 }
 
 func waitLoaded(t *testing.T, r *RedisThrottles) {
@@ -506,8 +513,7 @@ func TestRedisThrottleMissedWhileARepairFailsIsApplied(t *testing.T) {
 	// a follows the announcements too, from now on: both subscriptions are
 	// counted below (a's made by its first throttle could be counted
 	// before b's was made again, and a wait for b's alone then missed it)
-	_, _ = a.Remaining(ctx, "x")
-	waitLoaded(t, a)
+	followLoaded(t, a)
 	key := b.b.Key(throttleChannel)
 	srv.WaitShardSubscribers(t, key, 2)
 
@@ -539,8 +545,7 @@ func TestRedisThrottlesBeyondTheRepairLimitAreApplied(t *testing.T) {
 	}
 	ctx := context.Background()
 	a, b := newHub(RedisOptions{}), newHub(RedisOptions{RepairLimit: 2})
-	_, _ = b.Remaining(ctx, "x")
-	waitLoaded(t, b)
+	followLoaded(t, b)
 	srv.WaitShardSubscribers(t, b.b.Key(throttleChannel), 1)
 	waitSynced(t, b.b, throttleChannel)
 

@@ -51,13 +51,11 @@ func TestRedisThrottlesHoldAcrossInstancesWithSkewedClocks(t *testing.T) {
 	opts := RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: 500 * time.Millisecond}
 	ctx := context.Background()
 	a := newRedisThrottles(t, opts)
-	_, _ = a.Remaining(ctx, "x")
-	waitLoaded(t, a)
+	followLoaded(t, a)
 	for i, skew := range []time.Duration{2 * time.Minute, -2 * time.Minute} {
 		b := newRedisThrottles(t, opts)
 		b.b.now = skewed(skew)
-		_, _ = b.Remaining(ctx, "x")
-		waitLoaded(t, b)
+		followLoaded(t, b)
 		srv.WaitShardSubscribers(t, b.b.Key(throttleChannel), 2+i)
 
 		key := "user|" + skew.String()
@@ -105,15 +103,13 @@ func TestRedisThrottlesFollowAStepOfTheInstancesClock(t *testing.T) {
 	opts := RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: 500 * time.Millisecond}
 	ctx := context.Background()
 	a := newRedisThrottles(t, opts)
-	_, _ = a.Remaining(ctx, "x")
-	waitLoaded(t, a)
+	followLoaded(t, a)
 
 	b := newRedisThrottles(t, opts)
 	var step atomic.Int64
 	b.b.now = func() time.Time { return time.Now().Add(time.Duration(step.Load())) }
 	b.clockEvery = 50 * time.Millisecond
-	_, _ = b.Remaining(ctx, "x")
-	waitLoaded(t, b)
+	followLoaded(t, b)
 	srv.WaitShardSubscribers(t, b.b.Key(throttleChannel), 2)
 
 	step.Store(int64(2 * time.Minute)) // NTP steps b's clock ahead

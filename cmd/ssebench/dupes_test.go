@@ -53,7 +53,7 @@ func runTool(t *testing.T, args []string) (int, result, *bytes.Buffer) {
 	code := newRunner(cfg, &stdout, &stderr).run()
 	var res result
 	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
-		t.Fatal(err)
+		t.Fatalf("the JSON line does not parse: %v\n%s", err, stdout.String())
 	}
 	return code, res, &stderr
 }

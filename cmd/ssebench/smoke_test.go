@@ -206,19 +206,9 @@ func serve(t *testing.T, h http.Handler) string {
 // runScenario runs the tool in process and returns its result and output.
 func runScenario(t *testing.T, args ...string) (*result, string) {
 	t.Helper()
-	cfg, err := parseArgs(args)
-	if err != nil {
-		t.Fatalf("parseArgs(%q): %v", args, err)
-	}
-	var stdout, stderr bytes.Buffer
-	r := newRunner(cfg, &stdout, &stderr)
-	code := r.run()
-	var res result
-	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
-		t.Fatalf("the JSON line does not parse: %v\n%s", err, stdout.String())
-	}
+	code, res, stderr := runTool(t, args)
 	if code != 0 || !res.OK {
-		t.Fatalf("%s: exit %d\n%s\n%s", args[0], code, stdout.String(), stderr.String())
+		t.Fatalf("%s: exit %d, error %q\n%s", args[0], code, res.Error, stderr.String())
 	}
 	return &res, stderr.String()
 }
@@ -622,16 +612,7 @@ func TestIdleCountsOpenStreams(t *testing.T) {
 		_ = http.NewResponseController(w).Flush()
 		time.Sleep(20 * time.Millisecond)
 	}))
-	cfg, err := parseArgs(append([]string{"idle", "-conns", "50", "-reconnect=false"}, common(base)...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stdout bytes.Buffer
-	code := newRunner(cfg, &stdout, io.Discard).run()
-	var res result
-	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
-		t.Fatalf("the JSON line does not parse: %v\n%s", err, stdout.String())
-	}
+	code, res, _ := runTool(t, append([]string{"idle", "-conns", "50", "-reconnect=false"}, common(base)...))
 	if code == 0 || res.OK || !strings.Contains(res.Error, "open") {
 		t.Fatalf("exit %d, ok %v, error %q: the streams had all ended", code, res.OK, res.Error)
 	}
@@ -664,16 +645,7 @@ func TestReconnectFailsOnStreamsNotOpened(t *testing.T) {
 	cfgFile, admin := fakeReload(t, base)
 	args := append([]string{"reconnect", "-conns", "20", "-events", "10", "-rate", "40", "-channel-prefix", "rr",
 		"-admin", admin, "-config", cfgFile, "-close-jitter", "1s"}, common(base)...)
-	cfg, err := parseArgs(args)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stdout bytes.Buffer
-	code := newRunner(cfg, &stdout, io.Discard).run()
-	var res result
-	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
-		t.Fatalf("the JSON line does not parse: %v\n%s", err, stdout.String())
-	}
+	code, res, _ := runTool(t, args)
 	if res.Ramp == nil || res.Ramp.Connected != 15 || res.Reconnect == nil || res.Reconnect.Complete != 15 {
 		t.Fatalf("ramp %+v reconnect %+v: want 15 streams, each complete", res.Ramp, res.Reconnect)
 	}
@@ -698,16 +670,7 @@ func TestReconnectFailsOnReorderedReplays(t *testing.T) {
 	cfgFile, admin := fakeReload(t, base)
 	args := append([]string{"reconnect", "-conns", "10", "-events", "20", "-rate", "40", "-channel-prefix", "ro",
 		"-admin", admin, "-config", cfgFile, "-close-jitter", "1s"}, common(base)...)
-	cfg, err := parseArgs(args)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stdout bytes.Buffer
-	code := newRunner(cfg, &stdout, io.Discard).run()
-	var res result
-	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
-		t.Fatalf("the JSON line does not parse: %v\n%s", err, stdout.String())
-	}
+	code, res, _ := runTool(t, args)
 	if res.Delivery == nil || res.Delivery.Reordered == 0 || res.Delivery.Lost != 0 || res.Delivery.Dupes != 0 {
 		t.Fatalf("delivery %+v: want events out of order, none lost or duplicated", res.Delivery)
 	}
