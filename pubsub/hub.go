@@ -28,6 +28,13 @@ type Hub struct {
 	throttles Throttles
 	census    *Census
 
+	// watchMu orders the changes of channels with the broker's Watch and
+	// Unwatch calls, which run under it but not under mu: the broker calls
+	// deliver, which reads channels under mu, while it holds its own locks
+	// (the embedded log's ring of the channel), and Unwatch takes those
+	// locks. Called under mu, a stream leaving a channel, a publish and
+	// the embedded log's sweep each waited on the next, for good.
+	watchMu  sync.Mutex
 	mu       sync.RWMutex
 	channels map[string]*members
 	closed   atomic.Bool
@@ -160,14 +167,17 @@ func (h *Hub) Subscribe(sub Subscriber, channels []string) *Subscription {
 	} else {
 		s.members = make([]Membership, len(channels))
 	}
+	h.watchMu.Lock()
+	defer h.watchMu.Unlock()
+	var newNames [8]string // on the stack: most streams have few channels
+	watch := newNames[:0]
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	for i, name := range channels {
 		ms := h.channels[name]
 		if ms == nil {
 			ms = &members{name: name}
 			h.channels[name] = ms
-			h.broker.Watch(name)
+			watch = append(watch, name)
 		}
 		m := &s.members[i]
 		*m = Membership{sub: sub, slot: int32(i), of: ms}
@@ -175,6 +185,10 @@ func (h *Hub) Subscribe(sub Subscriber, channels []string) *Subscription {
 		m.index = int32(len(ms.list))
 		ms.list = append(ms.list, m)
 		ms.mu.Unlock()
+	}
+	h.mu.Unlock()
+	for _, name := range watch {
+		h.broker.Watch(name)
 	}
 	return s
 }
@@ -185,12 +199,15 @@ func (s *Subscription) Close() {
 		return
 	}
 	h := s.hub
-	h.mu.Lock()
-	defer h.mu.Unlock()
+	h.watchMu.Lock()
+	defer h.watchMu.Unlock()
 	if s.done {
 		return
 	}
 	s.done = true
+	var emptied [8]string
+	unwatch := emptied[:0]
+	h.mu.Lock()
 	for i := range s.members {
 		m := &s.members[i]
 		ms := m.of
@@ -204,8 +221,12 @@ func (s *Subscription) Close() {
 		ms.mu.Unlock()
 		if empty && h.channels[ms.name] == ms {
 			delete(h.channels, ms.name)
-			h.broker.Unwatch(ms.name)
+			unwatch = append(unwatch, ms.name)
 		}
+	}
+	h.mu.Unlock()
+	for _, name := range unwatch {
+		h.broker.Unwatch(name)
 	}
 }
 
