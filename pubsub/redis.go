@@ -77,6 +77,8 @@ type Redis struct {
 	statusOnce    sync.Once
 	reconnects    atomic.Uint64
 	badWarned     sync.Map        // channels warned of invalid events (warnBad)
+	badWarnedN    atomic.Int64    // how many badWarned holds, at most maxBadWarned
+	badMany       rarelog.Warning // invalid events on channels beyond maxBadWarned
 	badNotices    rarelog.Warning // malformed announcements (watcher.onNotice)
 	idemFallback  rarelog.Warning // idempotency keys kept here while Redis is down
 	up            atomic.Bool
@@ -341,14 +343,29 @@ func (b *Redis) Read(ctx context.Context, channel string, after *replay.Position
 // warnBad warns, once per channel for the broker's life (SPEC S3), that
 // events published straight into Redis had an invalid type or data, or
 // entries were not the library's: every read of the history, and every
-// stream's replay, meets them again.
+// stream's replay, meets them again. It remembers maxBadWarned channels at
+// most: whoever publishes straight into Redis names the channels, and the
+// broker outlives reloads. Beyond them it warns rarely.
 func (b *Redis) warnBad(channel string) {
-	if _, warned := b.badWarned.LoadOrStore(channel, true); !warned {
-		b.log().Warn("events with an invalid type or non-UTF-8 data arrived through Redis, or entries its functions did not write "+
-			"(a plain XADD); the events are sent as id-only blocks, the entries left out",
-			zap.String("channel", channel))
+	if _, warned := b.badWarned.Load(channel); warned {
+		return
 	}
+	const msg = "events with an invalid type or non-UTF-8 data arrived through Redis, or entries its functions did not write " +
+		"(a plain XADD); the events are sent as id-only blocks, the entries left out"
+	if b.badWarnedN.Add(1) > maxBadWarned {
+		b.badWarnedN.Add(-1)
+		b.badMany.Log(b.log(), rareWarningEvery, msg, zap.String("channel", channel))
+		return
+	}
+	if _, warned := b.badWarned.LoadOrStore(channel, true); warned {
+		b.badWarnedN.Add(-1) // another read of it was first
+		return
+	}
+	b.log().Warn(msg, zap.String("channel", channel))
 }
+
+// maxBadWarned is how many channels warnBad remembers.
+const maxBadWarned = 1024
 
 func (b *Redis) read(ctx context.Context, key string, after *replay.Position, limit int) (replay.Page, int, error) {
 	reply, err := b.call(ctx, key, FunctionRead, true, readArgs(limit, after)...)
