@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -50,7 +51,7 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, rej *rejection,
 	if retryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.FormatInt(wholeSeconds(retryAfter), 10))
 	}
-	discardUnreadBody(r)
+	discardUnreadBody(w, r)
 	inStream := h.inStream(r, rej)
 	h.metrics.rejection(rej.code)
 	if ce := h.logger.Check(zap.DebugLevel, "request refused"); ce != nil {
@@ -70,17 +71,29 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, rej *rejection,
 }
 
 // discardUnreadBody reads what is left of a refused request's body (up to
-// maxDrain) before the answer, as readPublish does for a body too large: a
-// request refused before its body is read (a wrong secret, a media type, a
-// method) may still be sending it, and net/http reads at most 256 KiB of a
-// body its handler left, then closes the connection with the rest unread,
-// which resets it: the client, still writing, sees the reset instead of
-// the refusal.
-func discardUnreadBody(r *http.Request) {
-	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
+// maxDrain, for at most drainWait) before the answer, as readPublish does
+// for a body it refused: a request refused before its body is read (a wrong
+// secret, a media type, a method) may still be sending it, and net/http
+// reads at most 256 KiB of a body its handler left, then closes the
+// connection with the rest unread, which resets it: the client, still
+// writing, sees the reset instead of the refusal. Only HTTP/1.x needs it:
+// HTTP/2 and HTTP/3 end the stream after the answer (RST_STREAM NO_ERROR,
+// as RFC 9113 asks of a server that answers early), and reading a body
+// trickled there held the handler as long as its client liked. Nor does a
+// request that waits for 100 Continue: reading its body asked for it, and
+// the client sent megabytes it had offered to keep. Its connection is
+// closed after the answer instead, the body unsent (net/http would do so
+// itself, but Caddy's wrapping of the body hides the request's wish from
+// it, and it then waits to read a body that never comes).
+func discardUnreadBody(w http.ResponseWriter, r *http.Request) {
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 || r.ProtoMajor != 1 {
 		return
 	}
-	drainRefused(r.Body)
+	if strings.EqualFold(r.Header.Get("Expect"), "100-continue") {
+		w.Header().Set("Connection", "close")
+		return
+	}
+	drainRefused(w, r.Body)
 }
 
 // methodNotAllowed answers a method the route does not serve.

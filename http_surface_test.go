@@ -135,9 +135,10 @@ func TestBehindEncode(t *testing.T) {
 	}
 }
 
-// rawRequest sends text on a fresh connection and returns it with a
-// reader positioned after the response head, and the head.
-func rawRequest(t *testing.T, addr, text string) (net.Conn, *bufio.Reader, string) {
+// rawRequest sends text on a fresh connection (and runs send, if any, on
+// goroutines of their own with it) and returns it with a reader
+// positioned after the response head, and the head.
+func rawRequest(t *testing.T, addr, text string, send ...func(net.Conn)) (net.Conn, *bufio.Reader, string) {
 	t.Helper()
 	conn, err := net.Dial("tcp", addr)
 	if err != nil {
@@ -147,6 +148,9 @@ func rawRequest(t *testing.T, addr, text string) (net.Conn, *bufio.Reader, strin
 	_ = conn.SetDeadline(time.Now().Add(waitFor))
 	if _, err := io.WriteString(conn, text); err != nil {
 		t.Fatal(err)
+	}
+	for _, s := range send { // more of the request, while the answer is read
+		go s(conn)
 	}
 	r := bufio.NewReader(conn)
 	var head strings.Builder

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/caddy-sse/caddy-sse/wire"
@@ -70,9 +71,13 @@ func (h *Handler) readPublish(w http.ResponseWriter, r *http.Request) (*publishR
 		rej = &rejection{status: http.StatusUnsupportedMediaType, code: "unsupported_media_type", detail: "send application/json, application/x-www-form-urlencoded or multipart/form-data"}
 	}
 	if rej != nil {
-		// the refusal reads what is left of the body (discardUnreadBody):
-		// all of it, up to maxDrain, not only up to the limit
-		r.Body = body
+		// what is left of the body is read here, all of it up to
+		// maxDrain, not only up to the limit (a 100 Continue may have been
+		// asked for already: the refusal does not read it again)
+		if r.ProtoMajor == 1 {
+			drainRefused(w, body)
+		}
+		r.Body = http.NoBody
 		return nil, rej
 	}
 	return req, h.validatePublish(req)
@@ -81,12 +86,19 @@ func (h *Handler) readPublish(w http.ResponseWriter, r *http.Request) (*publishR
 // maxDrain bounds what is read of a refused body.
 const maxDrain = 8 << 20
 
-// drainRefused reads what is left of a refused body (up to maxDrain), so
-// that the client, still sending it, gets the refusal (a 413, a 401...):
-// net/http closes the connection without reading the rest, and closing a
-// socket with unread data resets it, which the client may see before the
-// answer.
-func drainRefused(body io.Reader) {
+// drainWait bounds the time a refused body is read for: one sent slowly
+// (a byte now and then) held the handler and its connection for as long as
+// its client liked. A client that needs longer sees its connection reset.
+const drainWait = 2 * time.Second
+
+// drainRefused reads what is left of a refused body (up to maxDrain, for at
+// most drainWait), so that the client, still sending it, gets the refusal
+// (a 413, a 401...): net/http closes the connection without reading the
+// rest, and closing a socket with unread data resets it, which the client
+// may see before the answer. The read deadline it sets ends with the
+// request: net/http sets the connection's own for the next one.
+func drainRefused(w http.ResponseWriter, body io.Reader) {
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(drainWait))
 	_, _ = io.Copy(io.Discard, io.LimitReader(body, maxDrain))
 }
 
