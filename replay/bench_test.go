@@ -2,7 +2,9 @@ package replay
 
 import (
 	"fmt"
+	"strconv"
 	"testing"
+	"time"
 )
 
 func benchEntries(n int) []ChannelPosition {
@@ -103,4 +105,43 @@ func BenchmarkMemoryAppend(b *testing.B) {
 	for b.Loop() {
 		m.Append("a", frame, lim, nil)
 	}
+}
+
+// BenchmarkAppendDuringSweep is a publish while the log is swept over and
+// over (it is once a minute), 100k channels: how long the longest publish
+// waited (max-µs) tells whether the sweep holds the whole log.
+func BenchmarkAppendDuringSweep(b *testing.B) {
+	m := NewMemory()
+	frame := []byte("event: update\ndata: {\"price\": 42}\n")
+	lim := Limits{Count: 100, MaxAge: time.Hour}
+	const channels = 100_000
+	names := make([]string, channels)
+	for i := range names {
+		names[i] = "user:" + strconv.Itoa(i)
+		m.Append(names[i], frame, lim, nil)
+	}
+	stop := make(chan struct{})
+	swept := make(chan struct{})
+	go func() {
+		defer close(swept)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				m.Sweep(nil)
+			}
+		}
+	}()
+	var longest time.Duration
+	i := 0
+	for b.Loop() {
+		began := time.Now()
+		m.Append(names[i%channels], frame, lim, nil)
+		longest = max(longest, time.Since(began))
+		i++
+	}
+	close(stop)
+	<-swept
+	b.ReportMetric(float64(longest.Microseconds()), "max-µs")
 }
