@@ -411,3 +411,64 @@ func TestTruncatedWithNothingToReplayMovesTheClientsID(t *testing.T) {
 		})
 	}
 }
+
+// A replay of several channels is merged by publish time (SPEC S5), and
+// each channel keeps its own order even where events of both channels
+// share a millisecond (a sort that is not stable would swap them: the
+// client would get a channel's events out of order, and its Last-Event-ID
+// would end at an older one).
+func TestMultiChannelReplayIsMergedByTimeInEachChannelsOrder(t *testing.T) {
+	srv := startCaddy(t, `
+:{PORT} {
+	sse /events {
+		channel {query.channels}
+		history 1000
+		replay_limit 1000
+		publish {
+			secret `+testSecret+`
+		}
+	}
+}
+`)
+	fromStart := replay.EncodeCursor(
+		replay.ChannelPosition{Hash: replay.HashChannel("a")},
+		replay.ChannelPosition{Hash: replay.HashChannel("b")})
+
+	// events a millisecond apart at least: the replay is in publish order
+	var want []string
+	for i := 1; i <= 3; i++ {
+		for _, ch := range []string{"b", "a"} {
+			data := ch + strconv.Itoa(i)
+			srv.publish("/events", map[string]any{"channel": ch, "data": data})
+			want = append(want, data)
+			time.Sleep(2 * time.Millisecond) // the hub's clock has millisecond steps
+		}
+	}
+	c := srv.subscribe("/events?channels=a,b", header("Last-Event-ID", fromStart))
+	if got := c.nextData(len(want)); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("replay = %v, want %v (by publish time)", got, want)
+	}
+	c.close()
+
+	// many events of both channels in the same milliseconds: each
+	// channel's events come in its order
+	fromStart = replay.EncodeCursor(
+		replay.ChannelPosition{Hash: replay.HashChannel("c")},
+		replay.ChannelPosition{Hash: replay.HashChannel("d")})
+	const n = 200
+	for i := 1; i <= n; i++ {
+		for _, ch := range []string{"c", "d"} {
+			srv.publish("/events", map[string]any{"channel": ch, "data": ch + strconv.Itoa(i)})
+		}
+	}
+	r := srv.subscribe("/events?channels=c,d", header("Last-Event-ID", fromStart))
+	next := map[byte]int{'c': 1, 'd': 1}
+	for range 2 * n {
+		ev := r.next()
+		ch := ev.Data[0]
+		if ev.Data != string(ch)+strconv.Itoa(next[ch]) {
+			t.Fatalf("replay of channel %c: got %s, want %c%d", ch, ev.Data, ch, next[ch])
+		}
+		next[ch]++
+	}
+}
