@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/caddy-sse/caddy-sse/replay"
 )
 
 // governedSite caps each principal ({query.user}) at one stream and the
@@ -390,5 +392,40 @@ func TestPlaceholdersOfTheStream(t *testing.T) {
 	}
 	if got := c.resp.Header.Get("X-Principal"); got != "u 7" {
 		t.Errorf("{http.sse.principal} = %q", got)
+	}
+}
+
+// An in-stream refusal gives a client that came with a cursor its cursor
+// back, in an id-only block before the sse_rejected event: the EventSource's
+// last event ID buffer starts empty on each connection, and the event's
+// dispatch would otherwise set its Last-Event-ID to "", so that the retry
+// it asks for would start live and lose what was published meanwhile.
+func TestAnInStreamRefusalGivesTheClientsCursorBack(t *testing.T) {
+	srv := startCaddy(t, strings.ReplaceAll(governedSite, "{MODE}", rejectionsInStream))
+	throttleForTest(t, "slowpoke", 30*time.Second)
+	cursor := replay.EncodeCursor(replay.ChannelPosition{Hash: replay.HashChannel("a"),
+		Pos: replay.Position{Epoch: 7, Seq: 42, Time: time.Now().UnixMilli()}})
+	for name, hdr := range map[string]http.Header{
+		"header": header("Last-Event-ID", cursor),
+		"query":  nil,
+	} {
+		t.Run(name, func(t *testing.T) {
+			url := srv.base + "/events?channels=a&user=slowpoke"
+			if hdr == nil {
+				url += "&lastEventID=" + cursor
+			}
+			c := openStream(t, url, hdr, nil)
+			ev := c.next()
+			if ev.Type != "sse_rejected" || !strings.Contains(ev.Data, `"throttled"`) {
+				t.Fatalf("got %+v, want an sse_rejected event", ev)
+			}
+			if ev.ID != cursor || ev.OwnID {
+				t.Errorf("Last-Event-ID at the refusal %q (own id %v), want the client's cursor %q in a block of its own", ev.ID, ev.OwnID, cursor)
+			}
+			c.expectEnd()
+			if got := c.lastSeenID.Load(); got == nil || *got != cursor {
+				t.Errorf("Last-Event-ID after the refusal %v, want the client's cursor %q", got, cursor)
+			}
+		})
 	}
 }
