@@ -429,3 +429,22 @@ func TestAnInStreamRefusalGivesTheClientsCursorBack(t *testing.T) {
 		})
 	}
 }
+
+// The Retry-After of a throttled client is not before the throttle ends
+// (it is rounded up to whole seconds): a client that waits as told is not
+// refused again.
+func TestThrottledRetryAfterIsNotBeforeTheThrottleEnds(t *testing.T) {
+	srv := startCaddy(t, strings.ReplaceAll(governedSite, "{MODE}", rejectionsStatus))
+	const throttle = 1500 * time.Millisecond
+	start := time.Now()
+	throttleForTest(t, "slowpoke", throttle)
+	got := srv.getRefusal("/events?channels=a&user=slowpoke")
+	elapsed := time.Since(start)
+	if got.status != http.StatusTooManyRequests || got.code != "throttled" {
+		t.Fatalf("got %d %s, want 429 throttled", got.status, got.code)
+	}
+	// the throttle had at least throttle-elapsed left when it was answered
+	if left := throttle - elapsed; time.Duration(got.retryAfter)*time.Second < left {
+		t.Fatalf("Retry-After %d s, but the throttle had %v left", got.retryAfter, left)
+	}
+}
