@@ -448,3 +448,42 @@ func TestThrottledRetryAfterIsNotBeforeTheThrottleEnds(t *testing.T) {
 		t.Fatalf("Retry-After %d s, but the throttle had %v left", got.retryAfter, left)
 	}
 }
+
+// A principal's cap and throttle are per namespace: tenants (or sites)
+// that share a hub may share principal ids, and one tenant's streams do not
+// count against another's user of the same id, nor is that user refused
+// for the other's slow client.
+func TestPrincipalsCapAndThrottleArePerNamespace(t *testing.T) {
+	srv := startCaddy(t, `
+:{PORT} {
+	sse /one {
+		channel a
+		namespace one
+		principal {query.user}
+		max_connections_per_principal 1
+	}
+	sse /two {
+		channel a
+		namespace two
+		principal {query.user}
+		max_connections_per_principal 1
+	}
+}
+`)
+	srv.subscribe("/one?user=u", nil).comment("ok")
+	assertError(t, do(t, http.MethodGet, srv.base+"/one?user=u", nil, ""), 429, "too_many_connections")
+	srv.subscribe("/two?user=u", nil).comment("ok")
+	assertError(t, do(t, http.MethodGet, srv.base+"/two?user=u", nil, ""), 429, "too_many_connections")
+
+	hub, key, err := acquireHub(nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer releaseHub(key)
+	slow := client{principal: "slow", ip: "127.0.0.1"}
+	if err := hub.Throttles().Throttle(context.Background(), (&Handler{Namespace: "one"}).throttleKey(slow), 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	assertError(t, do(t, http.MethodGet, srv.base+"/one?user=slow", nil, ""), 429, "throttled")
+	srv.subscribe("/two?user=slow", nil).comment("ok")
+}
