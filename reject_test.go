@@ -288,6 +288,8 @@ func TestPublishRejections(t *testing.T) {
 		{"no content type", header("Authorization", "Bearer "+testSecret), `{"channel":"a"}`, 415, "unsupported_media_type"},
 		{"form not utf-8", header("Content-Type", "application/x-www-form-urlencoded", "Authorization", "Bearer "+testSecret), "channel=a&data=%FF", 400, "data_invalid"},
 		{"form event not utf-8", header("Content-Type", "application/x-www-form-urlencoded", "Authorization", "Bearer "+testSecret), "channel=a&event=%FF&data=x", 400, "event_invalid"},
+		{"form event given twice", header("Content-Type", "application/x-www-form-urlencoded", "Authorization", "Bearer "+testSecret), "channel=a&event=x&event=y&data=d", 400, "body_invalid"},
+		{"idempotency key over 255 bytes", header("Content-Type", "application/json", "Authorization", "Bearer "+testSecret, "Idempotency-Key", strings.Repeat("k", 256)), `{"channel":"a","data":"x"}`, 400, "idempotency_key_invalid"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -305,6 +307,22 @@ func TestPublishRejections(t *testing.T) {
 			t.Fatalf("status %d", resp.StatusCode)
 		}
 	})
+	// what a client may send, by the standards, is published
+	for name, hdr := range map[string]http.Header{
+		"a bearer scheme in lower case (RFC 9110: case-insensitive)": header("Content-Type", "application/json", "Authorization", "bearer "+testSecret),
+		"more than one space after the scheme (RFC 6750: 1*SP)":      header("Content-Type", "application/json", "Authorization", "Bearer   "+testSecret),
+		"a +json media type (RFC 6839)":                              header("Content-Type", "application/vnd.example+json", "Authorization", "Bearer "+testSecret),
+		"an idempotency key of 255 bytes":                            header("Content-Type", "application/json", "Authorization", "Bearer "+testSecret, "Idempotency-Key", strings.Repeat("k", 255)),
+	} {
+		t.Run(name, func(t *testing.T) {
+			resp := do(t, http.MethodPost, srv.base+"/events", hdr, `{"channel":"a","data":"x"}`)
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d %s", resp.StatusCode, body)
+			}
+		})
+	}
 	for name, body := range map[string]string{
 		"a channel named thrice counts once":           `{"channel":["a","a","a"],"data":"x"}`,
 		"escaped U+FFFD is data, not a lone surrogate": `{"channel":"a","data":"\ufffd"}`,
