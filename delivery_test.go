@@ -48,6 +48,11 @@ func TestIdempotencyKeyPublishesOnce(t *testing.T) {
 	if s3 != 422 || !strings.Contains(string(r3), "idempotency_key_reused") {
 		t.Fatalf("reused key with another body: %d %s, want 422", s3, r3)
 	}
+	// the event type is part of the request too: a retry is the same request
+	s4, r4 := srv.post("/events", "application/json", mustJSON(t, map[string]any{"channel": "a", "event": "other", "data": "once"}), key)
+	if s4 != 422 || !strings.Contains(string(r4), "idempotency_key_reused") {
+		t.Fatalf("reused key with another event type: %d %s, want 422", s4, r4)
+	}
 	srv.publish("/events", map[string]any{"channel": "a", "data": "sentinel"})
 	if got := c.nextData(2); fmt.Sprint(got) != "[once sentinel]" {
 		t.Fatalf("got %v: the retry was published again", got)
@@ -613,5 +618,46 @@ func TestPublishingDoesNotWaitForAStalledSubscriber(t *testing.T) {
 		if ev := healthy.next(); ev.Data != fmt.Sprint(i, payload) {
 			t.Fatalf("the healthy subscriber's event %d: %.20q", i, ev.Data)
 		}
+	}
+}
+
+// Idempotency keys are per namespace: two tenants (or sites) on one hub
+// that happen to send the same key with the same body both publish, each to
+// its own channel. A key shared across them would answer the second with
+// the first's reply, and its event would never be published.
+func TestIdempotencyKeysArePerNamespace(t *testing.T) {
+	srv := startCaddy(t, `
+:{PORT} {
+	sse /one {
+		channel {query.channels}
+		namespace one
+		publish {
+			secret `+testSecret+`
+		}
+	}
+	sse /two {
+		channel {query.channels}
+		namespace two
+		publish {
+			secret `+testSecret+`
+		}
+	}
+}
+`)
+	one := srv.subscribe("/one?channels=a", nil)
+	two := srv.subscribe("/two?channels=a", nil)
+	body := mustJSON(t, map[string]any{"channel": "a", "data": "hello"})
+	key := header("Idempotency-Key", "order-1")
+	for _, path := range []string{"/one", "/two"} {
+		status, reply := srv.post(path, "application/json", body, key)
+		if status != 200 {
+			t.Fatalf("POST %s: %d %s", path, status, reply)
+		}
+	}
+	if ev := one.next(); ev.Data != "hello" {
+		t.Fatalf("namespace one got %+v", ev)
+	}
+	if ev := two.next(); ev.Data != "hello" {
+		t.Fatalf("namespace two got %+v", ev)
 	}
 }
