@@ -805,3 +805,52 @@ func TestAClientThatStopsReadingIsLoggedAsQueueFull(t *testing.T) {
 		return false
 	})
 }
+
+// A stream's queue holds at most queue_bytes (SPEC S7): the queue of a
+// client that stops reading overflows on its bytes long before its count,
+// and once the client reads again the stream catches up from the history,
+// without a hole.
+func TestQueueBytesBoundsAStalledStreamsQueue(t *testing.T) {
+	srv := startCaddy(t, `
+:{PORT} {
+	metrics /metrics
+	sse /events {
+		channel a
+		queue 5000
+		max_event_size 16KiB
+		queue_bytes 64KiB
+		history 100000
+		history_bytes 512MiB
+		slow_client_timeout 60s
+		throttle off
+		heartbeat off
+		publish {
+			secret `+testSecret+`
+		}
+	}
+}
+`)
+	c, tap := openValved(t, srv.base+"/events", smallReceiveBuffer())
+	srv.publish("/events", map[string]any{"channel": "a", "data": "warm"})
+	if ev := c.next(); ev.Data != "warm" {
+		t.Fatalf("got %+v", ev)
+	}
+	tap.stall()
+	// ~13 MB in 800 events: more than the sockets hold (a send buffer
+	// grows to 4 MiB by default), far more than queue_bytes, well under
+	// the queue's count
+	const n = 800
+	pad := strings.Repeat("x", 16000)
+	for i := 1; i <= n; i++ {
+		srv.publish("/events", map[string]any{"channel": "a", "data": fmt.Sprintf("%04d", i) + pad})
+	}
+	tap.resume()
+	for i := 1; i <= n; i++ {
+		if ev := c.next(); !strings.HasPrefix(ev.Data, fmt.Sprintf("%04d", i)) || len(ev.Data) != 4+len(pad) {
+			t.Fatalf("event %d: got %.10q... (%d bytes)", i, ev.Data, len(ev.Data))
+		}
+	}
+	eventually(t, "the queue to have overflowed on its bytes", func() bool {
+		return metric(t, srv.scrape(), "caddy_sse_events_dropped_total") > 0
+	})
+}
