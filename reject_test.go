@@ -268,6 +268,8 @@ func TestPublishRejections(t *testing.T) {
 		{"no channel", jsonHdr, `{"data":"x"}`, 400, "channel_missing"},
 		{"channel not a string", jsonHdr, `{"channel":5}`, 400, "channel_invalid"},
 		{"invalid channel", jsonHdr, `{"channel":"a,b"}`, 400, "channel_invalid"},
+		{"channel with DEL", jsonHdr, `{"channel":"a\u007fb"}`, 400, "channel_invalid"},
+		{"channel with a C1 control (NEL)", jsonHdr, `{"channel":"a\u0085b"}`, 400, "channel_invalid"},
 		{"channel with white space around it", jsonHdr, `{"channel":"a "}`, 400, "channel_invalid"},
 		{"channel with white space before it", jsonHdr, `{"channel":["b","\u00a0a"]}`, 400, "channel_invalid"},
 		{"too many channels", jsonHdr, `{"channel":["a","b","c"]}`, 400, "too_many_channels"},
