@@ -661,3 +661,34 @@ func TestIdempotencyKeysArePerNamespace(t *testing.T) {
 		t.Fatalf("namespace two got %+v", ev)
 	}
 }
+
+// Heartbeats come when a stream was silent for the interval, not more
+// often (SPEC S7: "a comment whenever a stream was silent for heartbeat"):
+// the shared ticker runs at a quarter of the interval, and a stream that
+// wrote since is not due. Many idle streams (mobile clients among them)
+// would otherwise be woken four times as often, and busy ones get comments
+// between their events.
+func TestHeartbeatsAreNotSentMoreOftenThanTheInterval(t *testing.T) {
+	srv := startCaddy(t, `
+:{PORT} {
+	sse /events {
+		channel a
+		heartbeat 800ms
+	}
+}
+`)
+	const heartbeat = 800 * time.Millisecond
+	c := srv.subscribe("/events", nil)
+	c.comment("ok")
+	var last time.Time
+	for i := range 5 {
+		c.comment("heartbeat")
+		now := time.Now()
+		// the ticker may make one a quarter early; half the interval
+		// leaves room for a client that read the previous one late
+		if i > 0 && now.Sub(last) < heartbeat/2 {
+			t.Fatalf("heartbeat %d came %v after the previous one, with heartbeat %v", i+1, now.Sub(last).Round(time.Millisecond), heartbeat)
+		}
+		last = now
+	}
+}
