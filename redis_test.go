@@ -925,3 +925,34 @@ func TestRedisFallbackLocalWhileRedisHangs(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// An open stream whose channel's history is lost in Redis (FLUSHALL, an
+// eviction) while it is open is not fed the new epoch's events as if they
+// followed the ones it wrote: that would be a silent hole (SPEC S7). It
+// ends, and its reconnect is told it was truncated, then gets the new
+// events.
+func TestRedisOpenStreamEndsWhenItsHistoryIsLost(t *testing.T) {
+	rds := redistest.Start(t)
+	srv := startCaddy(t, redisSite(rds.URL()))
+	c := srv.subscribe("/events?channels=a", nil)
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
+	srv.publishN("a", "old", 1, 2)
+	last := c.next()
+	if last.Data != "old1" {
+		t.Fatalf("got %+v", last)
+	}
+	if last = c.next(); last.Data != "old2" {
+		t.Fatalf("got %+v", last)
+	}
+	rds.MustCLI("FLUSHALL")
+	srv.publishN("a", "new", 1, 1)
+	c.expectEnd()
+	r := srv.subscribe("/events?channels=a", header("Last-Event-ID", last.ID))
+	if r.resp.Header.Get("X-Replay-Truncated") != "true" {
+		t.Fatal("missing X-Replay-Truncated")
+	}
+	assertTruncatedEvent(t, r.next(), "a")
+	if ev := r.next(); ev.Data != "new1" {
+		t.Fatalf("after the truncation: %+v", ev)
+	}
+}
