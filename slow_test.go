@@ -854,3 +854,45 @@ func TestQueueBytesBoundsAStalledStreamsQueue(t *testing.T) {
 		return metric(t, srv.scrape(), "caddy_sse_events_dropped_total") > 0
 	})
 }
+
+// A slow client is throttled for the configured throttle, not a moment:
+// its refusal's Retry-After says the rest of that period (SPEC S7).
+func TestSlowClientIsThrottledForTheThrottlePeriod(t *testing.T) {
+	srv := startCaddy(t, `
+:{PORT} {
+	metrics /metrics
+	sse /events {
+		channel a
+		principal {query.user}
+		queue 4
+		max_event_size 64KiB
+		slow_client_timeout 500ms
+		throttle 60s
+		publish {
+			secret `+testSecret+`
+		}
+	}
+}
+`)
+	resp, err := smallReceiveBuffer().Get(srv.base + "/events?user=slowpoke")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close() // never read
+	eventually(t, "the stream to open", func() bool { return metric(t, srv.scrape(), "caddy_sse_streams_open") == 1 })
+	payload := strings.Repeat("s", 60<<10)
+	deadline := time.Now().Add(waitFor)
+	for metric(t, srv.scrape(), "caddy_sse_slow_client_disconnects_total") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the client that reads nothing was not cut")
+		}
+		srv.publish("/events", map[string]any{"channel": "a", "data": payload})
+		time.Sleep(10 * time.Millisecond)
+	}
+	refused := do(t, http.MethodGet, srv.base+"/events?user=slowpoke", nil, "")
+	// waitFor bounds how long the disconnect took to be seen
+	if ra, _ := strconv.Atoi(refused.Header.Get("Retry-After")); ra < 60-int(waitFor/time.Second) || ra > 60 {
+		t.Errorf("Retry-After %q after a slow-client disconnect with throttle 60s", refused.Header.Get("Retry-After"))
+	}
+	assertError(t, refused, 429, "throttled")
+}
