@@ -251,6 +251,41 @@ func TestPositionFollowsAndCovers(t *testing.T) {
 	}
 }
 
+// A failover that lost a channel's newest events gives their seqs to new
+// events: a stream at seq 5 (time 5000) meets seq 4 again, published after
+// it, or seq 5 at another time. Those contradict the history it wrote (it
+// must end as truncated, not take them for duplicates); the events it
+// wrote, older and at their own times, do not.
+func TestPositionContradictsARewrittenHistory(t *testing.T) {
+	at := func(seq uint64, ms int64) Position { return Position{Epoch: 1, Seq: seq, Time: ms} }
+	stream := at(5, 5000)
+	for _, tc := range []struct {
+		q    Position
+		want bool
+		why  string
+	}{
+		{at(4, 6000), true, "an older seq published after the stream's event: lost and reused"},
+		{at(3, 7000), true, "two seqs back, published later: two events lost"},
+		{at(5, 5001), true, "the stream's own seq at another time"},
+		{at(5, 4999), true, "the stream's own seq at an earlier time"},
+		{at(4, 4000), false, "an event the stream wrote"},
+		{at(4, 5000), false, "an event the stream wrote, in the same millisecond"},
+		{at(5, 5000), false, "the stream's own event"},
+		{at(6, 9000), false, "the next event"},
+		{Position{Epoch: 2, Seq: 1, Time: 9000}, false, "another epoch: not this history's to judge"},
+	} {
+		if got := stream.Contradicts(tc.q); got != tc.want {
+			t.Errorf("%+v contradicts %+v: %v, want %v (%s)", stream, tc.q, got, tc.want, tc.why)
+		}
+		if tc.want && stream.Holds(tc.q) {
+			t.Errorf("a stream at %+v holds %+v (%s): taken for a duplicate", stream, tc.q, tc.why)
+		}
+	}
+	if (Position{}).Contradicts(at(1, 1)) {
+		t.Error("the zero position is contradicted by nothing")
+	}
+}
+
 // TestSelectInvariants checks, over random histories and cursors, what any
 // page must satisfy whatever rule produced it: its events are the newest
 // retained ones, at most limit, oldest first; an untruncated page follows on
