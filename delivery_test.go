@@ -626,39 +626,22 @@ func TestPublishingDoesNotWaitForAStalledSubscriber(t *testing.T) {
 // its own channel. A key shared across them would answer the second with
 // the first's reply, and its event would never be published.
 func TestIdempotencyKeysArePerNamespace(t *testing.T) {
-	srv := startCaddy(t, `
-:{PORT} {
-	sse /one {
-		channel {query.channels}
-		namespace one
-		publish {
-			secret `+testSecret+`
-		}
-	}
-	sse /two {
-		channel {query.channels}
-		namespace two
-		publish {
-			secret `+testSecret+`
-		}
-	}
-}
-`)
-	one := srv.subscribe("/one?channels=a", nil)
-	two := srv.subscribe("/two?channels=a", nil)
+	srv := startCaddy(t, namespacedSite)
+	x := srv.subscribe("/x/events?channels=a", nil)
+	y := srv.subscribe("/y/events?channels=a", nil)
 	body := mustJSON(t, map[string]any{"channel": "a", "data": "hello"})
 	key := header("Idempotency-Key", "order-1")
-	for _, path := range []string{"/one", "/two"} {
+	for _, path := range []string{"/x/events", "/y/events"} {
 		status, reply := srv.post(path, "application/json", body, key)
 		if status != 200 {
 			t.Fatalf("POST %s: %d %s", path, status, reply)
 		}
 	}
-	if ev := one.next(); ev.Data != "hello" {
-		t.Fatalf("namespace one got %+v", ev)
+	if ev := x.next(); ev.Data != "hello" {
+		t.Fatalf("namespace x got %+v", ev)
 	}
-	if ev := two.next(); ev.Data != "hello" {
-		t.Fatalf("namespace two got %+v", ev)
+	if ev := y.next(); ev.Data != "hello" {
+		t.Fatalf("namespace y got %+v", ev)
 	}
 }
 

@@ -780,21 +780,7 @@ func TestAClientThatStopsReadingIsLoggedAsQueueFull(t *testing.T) {
 	}
 }
 `, sseLog(logFile))
-	resp, err := smallReceiveBuffer().Get(srv.base + "/events?user=slowpoke")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close() // never read
-	eventually(t, "the stream to open", func() bool { return metric(t, srv.scrape(), "caddy_sse_streams_open") == 1 })
-	payload := strings.Repeat("s", 60<<10)
-	deadline := time.Now().Add(waitFor)
-	for metric(t, srv.scrape(), "caddy_sse_slow_client_disconnects_total") == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the client that reads nothing was not cut")
-		}
-		srv.publish("/events", map[string]any{"channel": "a", "data": payload})
-		time.Sleep(10 * time.Millisecond)
-	}
+	srv.cutSlowClient("/events?user=slowpoke")
 	eventually(t, "sse_queue_full for the client", func() bool {
 		b, _ := os.ReadFile(logFile)
 		for _, line := range strings.Split(string(b), "\n") {
@@ -874,25 +860,33 @@ func TestSlowClientIsThrottledForTheThrottlePeriod(t *testing.T) {
 	}
 }
 `)
-	resp, err := smallReceiveBuffer().Get(srv.base + "/events?user=slowpoke")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close() // never read
-	eventually(t, "the stream to open", func() bool { return metric(t, srv.scrape(), "caddy_sse_streams_open") == 1 })
-	payload := strings.Repeat("s", 60<<10)
-	deadline := time.Now().Add(waitFor)
-	for metric(t, srv.scrape(), "caddy_sse_slow_client_disconnects_total") == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the client that reads nothing was not cut")
-		}
-		srv.publish("/events", map[string]any{"channel": "a", "data": payload})
-		time.Sleep(10 * time.Millisecond)
-	}
+	srv.cutSlowClient("/events?user=slowpoke")
 	refused := do(t, http.MethodGet, srv.base+"/events?user=slowpoke", nil, "")
 	// waitFor bounds how long the disconnect took to be seen
 	if ra, _ := strconv.Atoi(refused.Header.Get("Retry-After")); ra < 60-int(waitFor/time.Second) || ra > 60 {
 		t.Errorf("Retry-After %q after a slow-client disconnect with throttle 60s", refused.Header.Get("Retry-After"))
 	}
 	assertError(t, refused, 429, "throttled")
+}
+
+// cutSlowClient opens a stream at path (of channel a, on /events) that is
+// never read, the only one open, and publishes 60 KiB events until it is
+// cut as a slow client.
+func (s *testServer) cutSlowClient(path string) {
+	s.t.Helper()
+	resp, err := smallReceiveBuffer().Get(s.base + path)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.t.Cleanup(func() { resp.Body.Close() }) // never read
+	eventually(s.t, "the stream to open", func() bool { return metric(s.t, s.scrape(), "caddy_sse_streams_open") == 1 })
+	payload := strings.Repeat("s", 60<<10)
+	deadline := time.Now().Add(waitFor)
+	for metric(s.t, s.scrape(), "caddy_sse_slow_client_disconnects_total") == 0 {
+		if time.Now().After(deadline) {
+			s.t.Fatal("the client that reads nothing was not cut")
+		}
+		s.publish("/events", map[string]any{"channel": "a", "data": payload})
+		time.Sleep(10 * time.Millisecond)
+	}
 }
