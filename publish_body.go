@@ -68,12 +68,15 @@ func (h *Handler) readPublish(w http.ResponseWriter, r *http.Request) (*publishR
 	case mediaType == "application/x-www-form-urlencoded" || mediaType == "multipart/form-data":
 		req, rej = readFormPublish(r, mediaType, limit)
 	default:
-		rej = &rejection{status: http.StatusUnsupportedMediaType, code: "unsupported_media_type", detail: "send application/json, application/x-www-form-urlencoded or multipart/form-data"}
+		// refused before a byte is read: the refusal does with the body
+		// what it does for any (discardUnreadBody)
+		r.Body = body
+		return nil, &rejection{status: http.StatusUnsupportedMediaType, code: "unsupported_media_type", detail: "send application/json, application/x-www-form-urlencoded or multipart/form-data"}
 	}
 	if rej != nil {
 		// what is left of the body is read here, all of it up to
-		// maxDrain, not only up to the limit (a 100 Continue may have been
-		// asked for already: the refusal does not read it again)
+		// maxDrain, not only up to the limit; a 100 Continue was asked for
+		// by the read already, so the refusal does not read it again
 		if r.ProtoMajor == 1 {
 			drainRefused(w, body)
 		}

@@ -18,9 +18,14 @@ import (
 // sent them held the handler for good.
 func TestARefusalDoesNotAskForTheBodyItRefuses(t *testing.T) {
 	srv := startCaddy(t, rejectSite)
-	_, _, head := rawRequest(t, "127.0.0.1:"+itoa(srv.port), refusedPublish+"Expect: 100-continue\r\nContent-Length: 8000000\r\n\r\n")
-	if !strings.HasPrefix(head, "HTTP/1.1 401 ") {
-		t.Fatalf("answered %q, want 401 without 100 Continue", head)
+	for _, tc := range []struct{ head, status string }{
+		{refusedPublish, "401"},
+		{"POST /events HTTP/1.1\r\nHost: localhost\r\nContent-Type: text/plain\r\nAuthorization: Bearer " + testSecret + "\r\n", "415"},
+	} {
+		_, _, head := rawRequest(t, "127.0.0.1:"+itoa(srv.port), tc.head+"Expect: 100-continue\r\nContent-Length: 8000000\r\n\r\n")
+		if !strings.HasPrefix(head, "HTTP/1.1 "+tc.status+" ") {
+			t.Fatalf("answered %q, want %s without 100 Continue", head, tc.status)
+		}
 	}
 }
 
