@@ -79,3 +79,21 @@ func trickle(conn net.Conn) {
 // refusedPublish is the head of a publish with a wrong secret, but for the
 // lines about its body and the blank line.
 const refusedPublish = "POST /events HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nAuthorization: Bearer nope\r\n"
+
+// The server's read_body timeout, where shorter than drainWait, bounds the
+// reading of a refused body too, as the README says: the drain's deadline
+// goes through Caddy's response writer, whose body reader keeps the
+// handler's hard deadline (read_body) over any later one.
+func TestARefusedBodyIsNotReadPastReadBody(t *testing.T) {
+	srv := startCaddy(t, rejectSite, "servers {\n\ttimeouts {\n\t\tread_body 200ms\n\t}\n}")
+	begun := time.Now()
+	conn, r, head := rawRequest(t, "127.0.0.1:"+itoa(srv.port), refusedPublish+"Content-Length: 1000000\r\n\r\n", trickle)
+	if !strings.HasPrefix(head, "HTTP/1.1 401 ") {
+		t.Fatalf("answered %q, want 401", head)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(waitFor))
+	_, _ = io.Copy(io.Discard, r) // to the connection's end
+	if took := time.Since(begun); took >= drainWait {
+		t.Fatalf("the refused body was read for %v: read_body is 200ms", took)
+	}
+}
