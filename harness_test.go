@@ -216,6 +216,11 @@ type sseClient struct {
 	// block that ended (its blank line read), also one that dispatched no
 	// event (id-only), as a browser keeps it
 	lastSeenID atomic.Pointer[string]
+	// ended says how the body ended (set before events is closed): "the
+	// body ended" for a clean end, else the read error (a connection cut
+	// inside the chunked body is an unexpected EOF)
+	ended string
+	lines int // lines read, for the same message
 }
 
 // subscribe opens a stream of path with optional headers; it fails the test
@@ -266,6 +271,13 @@ func (c *sseClient) read() {
 	defer close(c.done)
 	defer close(c.events)
 	sc := bufio.NewScanner(c.resp.Body)
+	defer func() {
+		c.ended = "the body ended"
+		if err := sc.Err(); err != nil {
+			c.ended = err.Error()
+		}
+		c.ended += " after " + strconv.Itoa(c.lines) + " lines"
+	}()
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	var typ, lastID string
 	idSeen, blockID := false, false
@@ -274,6 +286,7 @@ func (c *sseClient) read() {
 	retry := -1
 	for sc.Scan() {
 		line := sc.Text()
+		c.lines++
 		switch {
 		case line == "":
 			if idSeen {
@@ -323,16 +336,24 @@ func (c *sseClient) read() {
 // the stream ends.
 func (c *sseClient) next() sseEvent {
 	c.t.Helper()
+	ev, ok := c.nextOrEnd()
+	if !ok {
+		c.t.Fatalf("stream ended while an event was expected (%s)", c.ended)
+	}
+	return ev
+}
+
+// nextOrEnd returns the next event, or false if the stream ended (c.ended
+// says how); it fails the test after the deadline.
+func (c *sseClient) nextOrEnd() (sseEvent, bool) {
+	c.t.Helper()
 	select {
 	case ev, ok := <-c.events:
-		if !ok {
-			c.t.Fatal("stream ended while an event was expected")
-		}
-		return ev
+		return ev, ok
 	case <-time.After(waitFor):
 		c.t.Fatal("no event within the deadline")
 	}
-	return sseEvent{}
+	return sseEvent{}, false
 }
 
 // nextData returns the data of the next n events.

@@ -242,7 +242,10 @@ func expectData(t *testing.T, c *sseClient, want ...string) []sseEvent {
 	var evs []sseEvent
 	var got []string
 	for range want {
-		ev := c.next()
+		ev, ok := c.nextOrEnd()
+		if !ok {
+			t.Fatalf("events %+v, then the stream ended (%s); want data %v", evs, c.ended, want)
+		}
 		evs = append(evs, ev)
 		got = append(got, ev.Data)
 	}
