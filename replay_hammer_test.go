@@ -1,9 +1,13 @@
 package caddysse
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,6 +16,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-sse/caddy-sse/internal/redistest"
 	"github.com/caddy-sse/caddy-sse/replay"
@@ -612,6 +617,62 @@ func TestReplayAcrossReloadEmbedded(t *testing.T) {
 		t.Fatalf("X-Replay-Truncated %s", tr)
 	}
 	expectData(t, c, "e3", "e4")
+}
+
+// A reconnect that reaches the config a reload replaces, after the reload
+// returned: caddy.Load returns once the old server's shutdown goroutine has
+// started, and until that goroutine closes the old listening socket (a
+// socket per config, SO_REUSEPORT) the kernel may give that socket new
+// connections, which the old server serves with its cleaned-up handler: it
+// tells them server_closing with the client's cursor as the id (SPEC S8;
+// TestAStreamRequestToAConfigOnItsWayOutIsToldToReconnect). The client,
+// reconnecting with that cursor as an EventSource does, loses nothing.
+// Made deterministic by a front that serves the first request with such a
+// handler and passes the others to the running config.
+func TestReplayAcrossReloadReachingTheOldConfig(t *testing.T) {
+	srv := startCaddy(t, hammerSite("history 50", "replay_limit 10"))
+	ids := srv.publishN("a", "e", 1, 4)
+	front := srv.behindAConfigOnItsWayOut(t)
+	c := front.subscribe("/events?channels=a", header("Last-Event-ID", ids[2]))
+	if tr := c.resp.Header.Get("X-Replay-Truncated"); tr != "" {
+		t.Fatalf("X-Replay-Truncated %s", tr)
+	}
+	expectData(t, c, "e3", "e4")
+}
+
+// behindAConfigOnItsWayOut returns a server in front of s that answers its
+// first request with the handler of a config a reload replaced (provisioned
+// in an HTTP server, then cleaned up), and passes the others to s.
+func (s *testServer) behindAConfigOnItsWayOut(t *testing.T) *testServer {
+	t.Helper()
+	old := &Handler{Channels: []string{"{http.request.uri.query.channels}"}}
+	ctx := caddy.ActiveContext()
+	ctx.Context = context.WithValue(ctx.Context, caddyhttp.ServerCtxKey, &caddyhttp.Server{})
+	if err := old.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	target, err := url.Parse(s.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	proxy.FlushInterval = -1
+	var served atomic.Bool
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if served.Swap(true) {
+			proxy.ServeHTTP(w, r)
+			return
+		}
+		r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, &caddyhttp.Server{})
+		if err := old.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })); err != nil {
+			t.Error(err)
+		}
+	}))
+	t.Cleanup(front.Close)
+	return &testServer{t: t, port: s.port, base: front.URL}
 }
 
 // Caddy restart in Redis mode: a cursor replays from Redis.
