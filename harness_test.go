@@ -125,6 +125,51 @@ func (s *testServer) reload(sites string, globals ...string) {
 	s.t.Helper()
 	sites = strings.ReplaceAll(sites, "{PORT}", strconv.Itoa(s.port))
 	loadCaddyfile(s.t, globalOptions(strings.Join(globals, "\n"))+sites)
+	awaitOldListenerClosed(s.t, s.port)
+}
+
+// awaitOldListenerClosed waits until at most one socket listens on port.
+// caddy.Load returns once the old server's shutdown has been started, not
+// once it closed its listening socket (a socket per config, SO_REUSEPORT):
+// until then the kernel may give that socket new connections, which the
+// old config answers with server_closing (SPEC S8; tested on purpose by
+// TestReplayAcrossReloadReachingTheOldConfig). A test that opens a stream
+// after a reload means the new config. Linux only (/proc); elsewhere it
+// returns at once.
+func awaitOldListenerClosed(t testing.TB, port int) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for {
+		n, ok := listeningSockets(port)
+		if !ok || n <= 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d sockets still listen on port %d after the reload", n, port)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// listeningSockets counts the TCP sockets listening on port, from
+// /proc/net/tcp and tcp6; false where they cannot be read.
+func listeningSockets(port int) (int, bool) {
+	hexPort := fmt.Sprintf(":%04X", port)
+	n, read := 0, false
+	for _, file := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			continue
+		}
+		read = true
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			if len(f) > 3 && strings.HasSuffix(f[1], hexPort) && f[3] == "0A" { // 0A: LISTEN
+				n++
+			}
+		}
+	}
+	return n, read
 }
 
 // publish POSTs a JSON event and returns the ids of the reply.
