@@ -11,4 +11,8 @@
 // (slower; a data race in the server then shows in its log and makes it
 // exit with code 66). Set CADDY_SSE_E2E_LOG=1 to log caddy's output of
 // passing tests too (it is always logged for failing ones).
+//
+// browser_test.go drives Chromium headless (chromium and chromedriver on
+// PATH, or CADDY_SSE_CHROMIUM): without them it is skipped, and fails with
+// CI=true.
 package e2e
