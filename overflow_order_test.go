@@ -103,8 +103,8 @@ func TestOverflowingStreamKeepsEachChannelsOrder(t *testing.T) {
 		moved := 0
 		for slot := range names {
 			pos, _ := replay.Lookup(cur, s.cursor[slot].Hash)
-			if pos == prev[slot] {
-				continue
+			if pos == prev[slot] || pos.IsZero() && prev[slot].IsZero() {
+				continue // (an empty channel's position names the log's epoch)
 			}
 			moved++
 			if !prev[slot].Follows(pos) {

@@ -472,3 +472,33 @@ func TestMultiChannelReplayIsMergedByTimeInEachChannelsOrder(t *testing.T) {
 		next[ch]++
 	}
 }
+
+// A client whose cursor saw a channel while it was empty (b) is away while
+// an event is published there, and the embedded hub's history is lost
+// meanwhile (a config without sse ends the hub, as a restart does): its
+// reconnect must be told b was truncated (SPEC S5: the history is not the
+// one its cursor was made in), as a is, not replayed nothing on b as if it
+// had missed nothing. (Found with Chromium: after a restart, a page on
+// news,alerts was told only news was truncated.)
+func TestCursorOfAnEmptyChannelIsTruncatedWhenTheHistoryIsLost(t *testing.T) {
+	srv := startCaddy(t, replaySite)
+	c := srv.subscribe("/events?channels=a,b", nil)
+	srv.publish("/events", map[string]any{"channel": "a", "data": "a1"})
+	ev := c.next()
+	if ev.Data != "a1" || ev.ID == "" {
+		t.Fatalf("got %+v, want a1 with an id", ev)
+	}
+	c.close()
+	srv.publish("/events", map[string]any{"channel": "b", "data": "lost"})
+	srv.reload(`
+:{PORT} {
+	respond "no sse here"
+}
+`)
+	srv.reload(replaySite)
+	r := srv.subscribe("/events?channels=a,b", header("Last-Event-ID", ev.ID))
+	if r.resp.Header.Get("X-Replay-Truncated") != "true" {
+		t.Fatal("missing X-Replay-Truncated: true")
+	}
+	assertTruncatedEvent(t, r.next(), "a", "b")
+}

@@ -11,9 +11,12 @@ import "time"
 // after a restart of the embedded hub or a Redis flush), Seq counts up by one
 // per event, and Time is the hub's clock at publish in Unix milliseconds.
 //
-// The zero Position means "before the first event of the channel": a client
-// that saw a channel while it was empty holds it, and is replayed from the
-// channel's first event whatever epoch that event has.
+// A Position at seq 0 means "before the first event of the channel": a
+// client that saw a channel while it was empty holds it, and is replayed
+// from the channel's first event whatever epoch that event has. Its epoch
+// is zero, or, from the in-memory log, the log's own epoch (see Memory), so
+// that a log that replaced it (a restart) can tell the client that the
+// history it saw empty was lost.
 type Position struct {
 	Epoch uint32
 	Seq   uint64
@@ -21,7 +24,7 @@ type Position struct {
 }
 
 // IsZero reports whether p is the position before a channel's first event.
-func (p Position) IsZero() bool { return p.Epoch == 0 && p.Seq == 0 }
+func (p Position) IsZero() bool { return p.Seq == 0 }
 
 // Follows reports whether an event at q comes directly after p, so that a
 // stream at p can write it without a gap.

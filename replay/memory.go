@@ -16,11 +16,19 @@ type Memory struct {
 	mu       sync.RWMutex
 	channels map[string]*ring
 	now      func() time.Time
+	// epoch is drawn when the log is made, and is the epoch of the position
+	// of a channel without events (seq 0): a client that saw a channel
+	// empty in another log (before a restart) may have missed events
+	// published there before it was lost, and is told its replay was
+	// truncated. (With the zero position, an empty channel of the new log
+	// looked like the one the client saw, and those events were missed
+	// silently.)
+	epoch uint32
 }
 
 // NewMemory returns an empty in-memory log.
 func NewMemory() *Memory {
-	return &Memory{channels: make(map[string]*ring), now: time.Now}
+	return &Memory{channels: make(map[string]*ring), now: time.Now, epoch: newEpoch()}
 }
 
 // ring is one channel's history: events[start:] are retained, oldest first.
@@ -146,10 +154,14 @@ func (m *Memory) Read(channel string, after *Position, limit int) Page {
 	r := m.channels[channel]
 	m.mu.RUnlock()
 	if r == nil {
+		empty := Position{Epoch: m.epoch}
 		if after == nil {
-			return Page{}
+			return Page{Head: empty}
 		}
-		return Select(emptyWindow{}, Position{}, *after, limit)
+		if m.lost(*after) {
+			return newest(emptyWindow{}, limit, Page{Head: empty})
+		}
+		return Select(emptyWindow{}, empty, *after, limit)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -157,7 +169,16 @@ func (m *Memory) Read(channel string, after *Position, limit int) Page {
 	if after == nil {
 		return Page{Head: r.head}
 	}
+	if m.lost(*after) {
+		return newest(r, limit, Page{Head: r.head})
+	}
 	return Select(r, r.head, *after, limit)
+}
+
+// lost reports whether after is a channel seen empty in another log: its
+// history, and whatever was published to it after, is not this log's.
+func (m *Memory) lost(after Position) bool {
+	return after.IsZero() && after.Epoch != 0 && after.Epoch != m.epoch
 }
 
 // Sweep frees what has expired: old events of every channel, and channels

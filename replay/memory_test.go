@@ -247,8 +247,12 @@ func TestMemoryReadFollowsOn(t *testing.T) {
 
 func TestMemoryReadUnknownChannel(t *testing.T) {
 	m, _ := newTestMemory()
-	if page := m.Read("nope", nil, 10); page.Head != (Position{}) || page.Events != nil || page.Truncated {
-		t.Errorf("Read(nil) of an unknown channel = %+v, want the zero page", page)
+	page := m.Read("nope", nil, 10)
+	if !page.Head.IsZero() || page.Head.Epoch == 0 || page.Events != nil || page.Truncated {
+		t.Errorf("Read(nil) of an unknown channel = %+v, want nothing, at seq 0 in the log's epoch", page)
+	}
+	if again := m.Read("nope", &page.Head, 10); len(again.Events) != 0 || again.Truncated {
+		t.Errorf("Read(its own empty head) of an unknown channel = %+v, want nothing, not truncated", again)
 	}
 	// A stream that saw the channel empty is still up to date.
 	if page := m.Read("nope", &Position{}, 10); len(page.Events) != 0 || page.Truncated {
@@ -605,4 +609,29 @@ func TestMemorySweepHoldsOneChannelAtATime(t *testing.T) {
 	published := make(chan struct{})
 	go func() { m.Append("b", []byte("y"), lim, nil); close(published) }()
 	waitClosed(t, published, "a publish to b while the sweep holds a")
+}
+
+// A client that saw a channel empty in another log (before a restart) may
+// have missed events published there before that log was lost: its replay
+// is truncated, whether the channel is empty here or not; one that saw it
+// empty in this log is replayed its events from seq 1.
+func TestMemoryEmptyPositionOfAnotherLogIsTruncated(t *testing.T) {
+	old, _ := newTestMemory()
+	seen := old.Read("a", nil, 10).Head
+	m, _ := newTestMemory()
+	if page := m.Read("a", &seen, 10); !page.Truncated || len(page.Events) != 0 {
+		t.Errorf("empty here: %+v, want truncated, nothing", page)
+	}
+	here := m.Read("a", nil, 10).Head
+	m.Append("a", []byte("x"), noLimits, nil)
+	m.Append("a", []byte("y"), noLimits, nil)
+	if page := m.Read("a", &seen, 10); !page.Truncated || !equalSeqs(seqsOf(page.Events), seqRange(1, 2)) {
+		t.Errorf("with events here: %v truncated %v, want [1 2] truncated", seqsOf(page.Events), page.Truncated)
+	}
+	if page := m.Read("a", &here, 10); page.Truncated || !equalSeqs(seqsOf(page.Events), seqRange(1, 2)) {
+		t.Errorf("seen empty in this log: %v truncated %v, want [1 2]", seqsOf(page.Events), page.Truncated)
+	}
+	if page := m.Read("a", &Position{}, 10); page.Truncated || !equalSeqs(seqsOf(page.Events), seqRange(1, 2)) {
+		t.Errorf("the zero position: %v truncated %v, want [1 2]", seqsOf(page.Events), page.Truncated)
+	}
 }
