@@ -27,7 +27,8 @@ import (
 
 // TestMain also runs the test binary as the processes a run starts: a
 // subscriber worker (-procs re-executes the tool, here the test binary),
-// a floor server (a server of a run that did not start it), or a spawned
+// a floor server (a server of a run that did not start it), a process
+// tree of proctree_test.go (procHelperCommand), or a spawned
 // Redis-backed fake server (SSEBENCH_SMOKE_SERVER=<addr>).
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == workerCommand {
@@ -35,6 +36,9 @@ func TestMain(m *testing.M) {
 	}
 	if len(os.Args) > 1 && os.Args[1] == "floor-server" {
 		os.Exit(runFloorServer(os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == procHelperCommand {
+		os.Exit(runProcHelper(os.Args[2:]))
 	}
 	if addr := os.Getenv("SSEBENCH_SMOKE_SERVER"); addr != "" {
 		if err := runFakeRedisServer(addr, os.Getenv("SSEBENCH_REDIS")); err != nil {

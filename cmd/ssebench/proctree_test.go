@@ -1,0 +1,197 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// procHelperCommand runs the test binary as one process of a tree the
+// tests of this file start (and end) themselves; see runProcHelper.
+const procHelperCommand = "proc-helper"
+
+// runProcHelper is a process of a test tree:
+//
+//	master <workers> <keep>: listen on 127.0.0.1:0, start <workers> workers
+//	  holding the listening socket (as nginx's do), close its own copy
+//	  unless <keep> is "keep" (Pushpin's runner does not listen; nginx's
+//	  master does), print "port <port> <worker pids, comma-separated>",
+//	  and wait for its stdin to close.
+//	worker: hold fd 3 until stdin closes (or the master dies).
+//	reaper <reap>: start a spinner, print "child <pid>"; when it has
+//	  exited, reap it (wait) at once if <reap> is "now", else only after
+//	  a line on stdin; then print "reaped" and wait for stdin to close.
+//	spinner: use about 300 ms of CPU and exit.
+func runProcHelper(args []string) int {
+	if len(args) == 0 {
+		return 2
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return 2
+	}
+	child := func(mode ...string) *exec.Cmd {
+		cmd := exec.Command(self, append([]string{procHelperCommand}, mode...)...)
+		cmd.Stderr = os.Stderr
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		return cmd
+	}
+	in := bufio.NewReader(os.Stdin)
+	switch args[0] {
+	case "master":
+		n, _ := strconv.Atoi(args[1])
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 1
+		}
+		f, err := ln.(*net.TCPListener).File()
+		if err != nil {
+			return 1
+		}
+		var pids []string
+		for range n {
+			cmd := child("worker")
+			cmd.ExtraFiles = []*os.File{f}
+			if _, err := cmd.StdinPipe(); err != nil { // open while the master lives
+				return 1
+			}
+			if err := cmd.Start(); err != nil {
+				return 1
+			}
+			pids = append(pids, strconv.Itoa(cmd.Process.Pid))
+		}
+		if len(args) < 3 || args[2] != "keep" {
+			f.Close()
+			ln.Close()
+		}
+		fmt.Printf("port %d %s\n", ln.Addr().(*net.TCPAddr).Port, strings.Join(pids, ","))
+		_, _ = in.ReadString(0)
+		return 0
+	case "worker":
+		_, _ = in.ReadString(0)
+		return 0
+	case "reaper":
+		cmd := child("spinner")
+		if err := cmd.Start(); err != nil {
+			return 1
+		}
+		fmt.Printf("child %d\n", cmd.Process.Pid)
+		if args[1] != "now" { // a zombie until told
+			_, _ = in.ReadString('\n')
+		}
+		_ = cmd.Wait()
+		fmt.Println("reaped")
+		_, _ = in.ReadString(0)
+		return 0
+	case "spinner":
+		for {
+			var ru syscall.Rusage
+			_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+			if time.Duration(ru.Utime.Nano()+ru.Stime.Nano()) >= 300*time.Millisecond {
+				return 0
+			}
+			for i := 0; i < 1e6; i++ {
+			}
+		}
+	}
+	return 2
+}
+
+// helperTree starts a helper of mode in a process group of its own (as a
+// shell with job control, or a daemon's setsid, does) and returns it, its
+// stdin and its stdout; the test ends it.
+func helperTree(t *testing.T, mode ...string) (*exec.Cmd, *os.File, *bufio.Reader) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], append([]string{procHelperCommand}, mode...)...)
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	inR, inW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdin = inR
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	inR.Close()
+	t.Cleanup(func() {
+		inW.Close()
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	})
+	return cmd, inW, bufio.NewReader(out)
+}
+
+// readLine reads one line of a helper, within 10 s.
+func readLine(t *testing.T, r *bufio.Reader) []string {
+	t.Helper()
+	got := make(chan string, 1)
+	go func() { s, _ := r.ReadString('\n'); got <- s }()
+	select {
+	case s := <-got:
+		return strings.Fields(s)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the helper said nothing within 10 s")
+		return nil
+	}
+}
+
+// A server found by its port is measured as its whole tree, whichever of
+// its processes holds the socket: nginx's workers hold the listening
+// socket as the master does (each its own with reuseport), Pushpin's
+// runner holds none. The measured process was the first holder found,
+// a worker alone.
+func TestFoundServerIsMeasuredAsItsTree(t *testing.T) {
+	for _, keep := range []string{"keep", "close"} {
+		t.Run("master-"+keep, func(t *testing.T) {
+			master, _, out := helperTree(t, "master", "2", keep)
+			f := readLine(t, out)
+			if len(f) != 3 || f[0] != "port" {
+				t.Fatalf("master said %q", f)
+			}
+			port, _ := strconv.Atoi(f[1])
+			var workers []int
+			for p := range strings.SplitSeq(f[2], ",") {
+				pid, _ := strconv.Atoi(p)
+				workers = append(workers, pid)
+			}
+			pids, err := listenerPIDs([]*target{{addr: netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(port))}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(pids, []int{master.Process.Pid}) {
+				t.Fatalf("measured %v; want the master %d (workers %v)", pids, master.Process.Pid, workers)
+			}
+			tree, err := readProcTree(pids[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			one, err := readProc(workers[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tree.threads < 3*one.threads/2 {
+				t.Fatalf("tree of %d threads, one worker %d: the tree is not summed", tree.threads, one.threads)
+			}
+		})
+	}
+}
