@@ -220,25 +220,46 @@ func parseSocketLink(link string) (uint64, bool) {
 	return n, err == nil
 }
 
-// findListenerPID returns the pid of the process (other than this one) that
-// holds a listening TCP socket on port, from /proc/net/tcp{,6} and
-// /proc/*/fd. Processes of other users cannot be read without privileges.
-func findListenerPID(port int) (int, error) { return findListener(port, true) }
+// findListenerPIDs returns the servers listening on TCP port, each as the
+// root of its process tree (serverRoot): the processes (other than this
+// one) that hold a listening socket on port, from /proc/net/tcp{,6} and
+// /proc/*/fd, each taken up to its root. Usually one; several when
+// servers that are not of one tree share the port (SO_REUSEPORT), each of
+// which takes part of the connections. Processes of other users cannot
+// be read without privileges.
+func findListenerPIDs(port int) ([]int, error) {
+	holders, err := listenerHolders(port, true)
+	if err != nil {
+		return nil, err
+	}
+	procs := readProcTable()
+	var roots []int
+	for _, pid := range holders {
+		if root := serverRoot(pid, os.Getpid(), procs); !slices.Contains(roots, root) {
+			roots = append(roots, root)
+		}
+	}
+	slices.Sort(roots)
+	return roots, nil
+}
 
-// listenerPIDs returns the processes listening on the targets' ports, each
-// once, in the order of the targets, without those descended from another
-// one (the tree of a process is measured with it). It fails if a port has
-// no readable listener: the figures of some of the servers, divided by the
-// deliveries of all, would flatter them.
+// listenerPIDs returns the processes listening on the targets' ports (as
+// the roots of their trees), each once, in the order of the targets,
+// without those descended from another one (the tree of a process is
+// measured with it). It fails if a port has no readable listener: the
+// figures of some of the servers, divided by the deliveries of all, would
+// flatter them.
 func listenerPIDs(targets []*target) ([]int, error) {
 	var pids []int
 	for _, t := range targets {
-		pid, err := findListenerPID(int(t.addr.Port()))
+		found, err := findListenerPIDs(int(t.addr.Port()))
 		if err != nil {
 			return nil, err
 		}
-		if !slices.Contains(pids, pid) {
-			pids = append(pids, pid)
+		for _, pid := range found {
+			if !slices.Contains(pids, pid) {
+				pids = append(pids, pid)
+			}
 		}
 	}
 	var out []int
@@ -256,7 +277,10 @@ func listenerPIDs(targets []*target) ([]int, error) {
 	return out, nil
 }
 
-func findListener(port int, skipSelf bool) (int, error) {
+// listenerHolders returns the processes that hold a listening TCP socket
+// on port, in the order of their pids (a multi-process server's workers
+// hold it as its master does; with reuseport each worker its own).
+func listenerHolders(port int, skipSelf bool) ([]int, error) {
 	want := map[uint64]bool{}
 	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
 		b, err := os.ReadFile(f)
@@ -265,17 +289,18 @@ func findListener(port int, skipSelf bool) (int, error) {
 		}
 		inodes, err := listenInodes(b, port)
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
 		for _, n := range inodes {
 			want[n] = true
 		}
 	}
 	if len(want) == 0 {
-		return 0, fmt.Errorf("no process listens on TCP port %d", port)
+		return nil, fmt.Errorf("no process listens on TCP port %d", port)
 	}
 	self := os.Getpid()
 	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	var out []int
 	for _, d := range dirs {
 		pid, err := strconv.Atoi(filepath.Base(d))
 		if err != nil || (skipSelf && pid == self) {
@@ -291,11 +316,16 @@ func findListener(port int, skipSelf bool) (int, error) {
 				continue
 			}
 			if n, ok := parseSocketLink(link); ok && want[n] {
-				return pid, nil
+				out = append(out, pid)
+				break
 			}
 		}
 	}
-	return 0, fmt.Errorf("a socket listens on port %d but no readable process holds it", port)
+	if len(out) == 0 {
+		return nil, fmt.Errorf("a socket listens on port %d but no readable process holds it", port)
+	}
+	slices.Sort(out) // Glob's order is the names': 10000 before 9999
+	return out, nil
 }
 
 // loadavg returns the first three fields of /proc/loadavg.

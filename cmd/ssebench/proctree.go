@@ -122,3 +122,84 @@ func parsePPID(b []byte) (int, bool) {
 	ppid, err := strconv.Atoi(f[1])
 	return ppid, err == nil
 }
+
+// procInfo is what serverRoot reads of a process (/proc/<pid>/stat).
+type procInfo struct {
+	ppid, pgid int
+	comm       string
+}
+
+// parseProcInfo reads the command name (field 2, in parentheses, which
+// may hold anything), the parent pid (4) and the process group (5) of
+// /proc/<pid>/stat.
+func parseProcInfo(b []byte) (procInfo, bool) {
+	i, j := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
+	if i < 0 || j < i {
+		return procInfo{}, false
+	}
+	f := strings.Fields(string(b[j+1:]))
+	if len(f) < 3 {
+		return procInfo{}, false
+	}
+	ppid, err1 := strconv.Atoi(f[1])
+	pgid, err2 := strconv.Atoi(f[2])
+	return procInfo{ppid: ppid, pgid: pgid, comm: string(b[i+1 : j])}, err1 == nil && err2 == nil
+}
+
+// readProcTable reads every readable process's procInfo.
+func readProcTable() map[int]procInfo {
+	out := map[int]procInfo{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if b, err := os.ReadFile("/proc/" + e.Name() + "/stat"); err == nil {
+			if in, ok := parseProcInfo(b); ok {
+				out[pid] = in
+			}
+		}
+	}
+	return out
+}
+
+// shells are the command names of the shells a server may be started
+// from: the walk of serverRoot stops below them (a script that runs a
+// server in the foreground shares its process group without job control).
+var shells = map[string]bool{"sh": true, "bash": true, "dash": true, "ash": true, "zsh": true, "ksh": true,
+	"mksh": true, "fish": true, "csh": true, "tcsh": true, "busybox": true}
+
+// serverRoot returns the process a server found by its port is measured
+// as, with its tree: from pid, a process holding the listening socket,
+// it goes up to the parent as long as the parent is part of the same
+// server, that is:
+//   - it is in the same process group: nginx's master makes a session of
+//     its own (setsid) that its workers share, as Pushpin's runner and the
+//     services it starts share the group a shell's job control gave them;
+//     a shell with job control, init, a supervisor (systemd,
+//     containerd-shim) are in other groups;
+//   - it is not init (pid 1) or the kernel (0), nor a shell (see shells),
+//     nor this tool or one of its ancestors (its tree holds the tool).
+//
+// A launcher that stays as the parent in the same group (sudo, timeout)
+// counts in; -pid names the process to measure exactly.
+func serverRoot(pid, self int, procs map[int]procInfo) int {
+	tool := map[int]bool{} // this tool and its ancestors
+	for p, n := self, 0; p > 0 && n < 1000; p, n = procs[p].ppid, n+1 {
+		tool[p] = true
+	}
+	root := pid
+	for range 1000 { // a cycle read across pid reuse ends
+		me, ok := procs[root]
+		if !ok {
+			break
+		}
+		parent, ok := procs[me.ppid]
+		if !ok || me.ppid <= 1 || tool[me.ppid] || parent.pgid != me.pgid || shells[parent.comm] {
+			break
+		}
+		root = me.ppid
+	}
+	return root
+}

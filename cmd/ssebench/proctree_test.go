@@ -195,3 +195,44 @@ func TestFoundServerIsMeasuredAsItsTree(t *testing.T) {
 		})
 	}
 }
+
+// serverRoot's rule, on process tables: up to the parent in the same
+// process group, but not to init, a shell, this tool or its ancestors.
+func TestServerRoot(t *testing.T) {
+	// 1 init; 50 sshd; 100 an interactive bash (group 100); 200 the tool
+	// (group 200), started from it; 300 nginx master (setsid: group 300),
+	// 301, 302 its workers; 400 a script's sh (group 400), 401 pushpin's
+	// runner it started without job control, 402 condure, the listener;
+	// 500 sudo (group 500), 501 a server it runs; 600 a server this tool
+	// started (group 200)
+	procs := map[int]procInfo{
+		1: {0, 1, "systemd"}, 50: {1, 50, "sshd"}, 100: {50, 100, "bash"}, 200: {100, 200, "ssebench"},
+		300: {1, 300, "nginx"}, 301: {300, 300, "nginx"}, 302: {300, 300, "nginx"},
+		400: {100, 400, "sh"}, 401: {400, 400, "pushpin"}, 402: {401, 400, "condure"},
+		500: {100, 500, "sudo"}, 501: {500, 500, "centrifugo"},
+		600: {200, 200, "caddy"},
+		700: {100, 700, "caddy"},
+	}
+	for _, c := range []struct{ pid, want int }{
+		{302, 300}, {301, 300}, {300, 300}, // nginx: the master, not below init
+		{402, 401}, // Pushpin: the runner, not the shell above it
+		{501, 500}, // a launcher that stays counts in
+		{600, 600}, // not this tool
+		{700, 700}, // not the interactive shell (another group)
+		{999, 999}, // unreadable: itself
+	} {
+		if got := serverRoot(c.pid, 200, procs); got != c.want {
+			t.Errorf("serverRoot(%d) = %d, want %d", c.pid, got, c.want)
+		}
+	}
+	// a server started by the same script as the tool: not up to the script
+	procs[800] = procInfo{400, 400, "ssebench"}
+	procs[801] = procInfo{400, 400, "python3"}
+	if got := serverRoot(801, 800, procs); got != 801 {
+		t.Errorf("serverRoot beside the tool = %d, want 801", got)
+	}
+	in, ok := parseProcInfo([]byte("42 (a (strange) name) S 17 40 40 0 -1"))
+	if !ok || in != (procInfo{17, 40, "a (strange) name"}) {
+		t.Errorf("parseProcInfo = %+v %v", in, ok)
+	}
+}

@@ -297,12 +297,12 @@ func TestProcLive(t *testing.T) {
 	}
 	defer ln.Close()
 	port := ln.Addr().(*net.TCPAddr).Port
-	pid, err := findListener(port, false)
-	if err != nil || pid != os.Getpid() {
-		t.Fatalf("findListener(%d) = %d, %v; want %d", port, pid, err, os.Getpid())
+	pids, err := listenerHolders(port, false)
+	if err != nil || !slices.Equal(pids, []int{os.Getpid()}) {
+		t.Fatalf("listenerHolders(%d) = %v, %v; want %d", port, pids, err, os.Getpid())
 	}
-	if _, err := findListenerPID(port); err == nil || !strings.Contains(err.Error(), "no readable process") {
-		t.Fatalf("findListenerPID skips this process: %v", err)
+	if _, err := findListenerPIDs(port); err == nil || !strings.Contains(err.Error(), "no readable process") {
+		t.Fatalf("findListenerPIDs skips this process: %v", err)
 	}
 }
 
