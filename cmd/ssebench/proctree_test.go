@@ -236,3 +236,63 @@ func TestServerRoot(t *testing.T) {
 		t.Errorf("parseProcInfo = %+v %v", in, ok)
 	}
 }
+
+// procState is the state letter of /proc/<pid>/stat ('Z' for a zombie),
+// or 0 when the process is gone.
+func procState(pid int) byte {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	return f[0][0]
+}
+
+// The CPU of a process of the tree that exits stays in the tree's sum:
+// as a zombie from its own /proc/<pid>/stat, once reaped from its
+// parent's cutime and cstime. It dropped out of the sum with the process,
+// so a server whose workers come and go looked cheaper (a window's CPU
+// could even be negative).
+func TestProcTreeKeepsTheCPUOfExitedChildren(t *testing.T) {
+	const spun = 0.3 // the spinner's CPU seconds
+	for _, reap := range []string{"now", "later"} {
+		t.Run("reap-"+reap, func(t *testing.T) {
+			parent, in, out := helperTree(t, "reaper", reap)
+			f := readLine(t, out)
+			if len(f) != 2 || f[0] != "child" {
+				t.Fatalf("reaper said %q", f)
+			}
+			kid, _ := strconv.Atoi(f[1])
+			if reap == "later" {
+				deadline := time.Now().Add(10 * time.Second)
+				for procState(kid) != 'Z' {
+					if time.Now().After(deadline) {
+						t.Fatalf("child %d is not a zombie: state %q", kid, procState(kid))
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+				zombie, err := readProcTree(parent.Process.Pid)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if zombie.cpuSec < spun {
+					t.Fatalf("tree CPU %.2f s with the child a zombie; it used %.1f s", zombie.cpuSec, spun)
+				}
+				if _, err := in.WriteString("reap\n"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if f := readLine(t, out); len(f) != 1 || f[0] != "reaped" {
+				t.Fatalf("reaper said %q", f)
+			}
+			tree, err := readProcTree(parent.Process.Pid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// counted once: twice would be 2 × spun
+			if tree.cpuSec < spun || tree.cpuSec > 1.7*spun {
+				t.Fatalf("tree CPU %.2f s after the reap; the child used %.1f s", tree.cpuSec, spun)
+			}
+		})
+	}
+}
