@@ -20,6 +20,15 @@ import (
 // proportional set sizes (Pss, /proc/<pid>/smaps_rollup), so that the
 // pages they share (code, a shared memory zone) count once, not once per
 // process; a lone process keeps its plain RSS.
+//
+// The CPU of a process that exits stays in the sum: a zombie's from its
+// own stat, a reaped one's from its parent's cutime and cstime (see
+// cpuSeconds). Parents are read before their children (descendants'
+// order), so a reap between the two reads can drop a child's CPU from
+// one reading, never count it twice. What leaves the tree is lost: a
+// child orphaned by its parent's exit is adopted by init (or a
+// subreaper), and the CPU of a child reaped by the kernel (its parent
+// ignores SIGCHLD) is added to no parent.
 func readProcTree(pid int) (procSample, error) {
 	kids := descendants(pid)
 	if len(kids) == 0 {
@@ -32,7 +41,13 @@ func readProcTree(pid int) (procSample, error) {
 	for _, kid := range kids {
 		s, err := readProcPss(kid)
 		if err != nil {
-			continue // it ended meanwhile
+			// a zombie (no memory, but its CPU until it is reaped),
+			// or it ended meanwhile
+			if st, ok := readZombie(kid); ok {
+				sum.cpuSec += st.cpuSeconds()
+				sum.userSec += st.userSeconds()
+			}
+			continue
 		}
 		sum.rssKiB += s.rssKiB
 		sum.hwmKiB += s.hwmKiB
@@ -42,6 +57,16 @@ func readProcTree(pid int) (procSample, error) {
 		sum.fds += s.fds
 	}
 	return sum, nil
+}
+
+// readZombie reads the stat of pid if it is a zombie.
+func readZombie(pid int) (procStat, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return procStat{}, false
+	}
+	st, err := parseProcStat(b)
+	return st, err == nil && st.state == 'Z'
 }
 
 // readProcPss is readProc with the RSS replaced by the Pss.

@@ -241,6 +241,11 @@ func TestParseProc(t *testing.T) {
 	if err != nil || s.utimeTicks != 250 || s.stimeTicks != 75 || s.threads != 17 || s.rssPages != 2048 || s.cpuSeconds() != 3.25 || s.userSeconds() != 2.5 {
 		t.Fatalf("parseProcStat: %+v %v", s, err)
 	}
+	// cutime 30, cstime 5: the reaped children's CPU counts in
+	reaped := strings.Replace(stat, " 250 75 0 0 ", " 250 75 30 5 ", 1)
+	if s, err := parseProcStat([]byte(reaped)); err != nil || s.state != 'S' || s.cpuSeconds() != 3.6 || s.userSeconds() != 2.8 {
+		t.Fatalf("parseProcStat with reaped children: %+v %v", s, err)
+	}
 	if _, err := parseProcStat([]byte("1 (x) S 1 2")); err == nil {
 		t.Fatal("short stat accepted")
 	}
