@@ -138,3 +138,27 @@ func TestSpawnRedisRefusesABusyPort(t *testing.T) {
 		t.Fatalf("spawned on a busy port: %v", err)
 	}
 }
+
+// The measured window of a chaos run covers the wait for the last fault
+// to end: the publishing ends while a fault is under way (here a reload
+// that takes 1.5 s, from 0.7 s), the run waits for it, and what arrives
+// and what the server does meanwhile is counted, so the time must be too.
+// The window was the publishing's time plus the drain's, without that
+// wait: deliveries/s and CPU cores came out high.
+func TestChaosWindowCoversTheLastFault(t *testing.T) {
+	base := serve(t, newFakeSSE())
+	cfgFile, admin := fakeReload(t, base)
+	args := append([]string{"fanout", "-conns", "10", "-rate", "20", "-duration", "1s", "-channel-prefix", "chaoswin",
+		"-chaos", "reload", "-chaos-every", "700ms", "-chaos-down", "100ms", "-admin", admin, "-config", cfgFile,
+		"-reload-cmd", "sleep 1.5"}, common(base)...)
+	res, _ := runScenario(t, args...)
+	checkDelivery(t, res, 10, 10*20)
+	if len(res.Chaos) != 1 {
+		t.Fatalf("chaos %+v: want the one reload at 0.7 s", res.Chaos)
+	}
+	d := res.Delivery
+	window := float64(d.Received) / d.OverallPerS
+	if window < 2.1 { // 0.7 s + the reload's 1.5 s, at least
+		t.Fatalf("window %.2f s (%d received at %.0f/s overall); the last reload ended after 2.2 s", window, d.Received, d.OverallPerS)
+	}
+}
