@@ -88,15 +88,16 @@ func (r *runner) deliver(ss streamSet) error {
 	}
 	stopChaos := r.startChaos(ctx)
 	pres := runPublish(ctx, pub, plan)
+	// what arrived while publishing, before waiting for a fault under way
+	recvEnd, errEnd := ss.received()
 	r.res.Chaos = stopChaos()
+	if errEnd != nil {
+		return errEnd
+	}
 	for _, c := range r.res.Chaos {
 		if c.Error != "" {
 			return fmt.Errorf("chaos at %.1fs: %s: %s", c.AtS, c.Action, c.Error)
 		}
-	}
-	recvEnd, err := ss.received()
-	if err != nil {
-		return err
 	}
 	recvPub := recvEnd - recv0
 	pubSecs := pres.end.Sub(pres.start).Seconds()
@@ -119,7 +120,8 @@ func (r *runner) deliver(ss streamSet) error {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	drainSecs := time.Since(drainStart).Seconds()
+	drainEnd := time.Now()
+	drainSecs := drainEnd.Sub(drainStart).Seconds()
 	endBox()
 	after, _ := r.sample()
 	cpu1 := r.clientCPU()
@@ -128,7 +130,10 @@ func (r *runner) deliver(ss streamSet) error {
 		return err
 	}
 	recvAll := recvNow - recv0
-	window := pubSecs + drainSecs
+	// from the publishing's start to the drain's end: with the wait for
+	// the last fault of -chaos (and the tally) between the two, whose
+	// deliveries and CPU are counted too
+	window := drainEnd.Sub(pres.start).Seconds()
 	waitProfile()
 
 	tot, err := ss.totals()
