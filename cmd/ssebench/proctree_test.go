@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,7 +27,7 @@ const procHelperCommand = "proc-helper"
 //	  unless <keep> is "keep" (Pushpin's runner does not listen; nginx's
 //	  master does), print "port <port> <worker pids, comma-separated>",
 //	  and wait for its stdin to close.
-//	worker: hold fd 3 until stdin closes (or the master dies).
+//	worker: hold fd 3 until stdin (the master's pipe) closes.
 //	reaper <reap>: start a spinner, print "child <pid>"; when it has
 //	  exited, reap it (wait) at once if <reap> is "now", else only after
 //	  a line on stdin; then print "reaped" and wait for stdin to close.
@@ -41,8 +42,7 @@ func runProcHelper(args []string) int {
 	}
 	child := func(mode ...string) *exec.Cmd {
 		cmd := exec.Command(self, append([]string{procHelperCommand}, mode...)...)
-		cmd.Stderr = os.Stderr
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		cmd.Stderr = os.Stderr // a worker ends at EOF on its stdin: the master's end
 		return cmd
 	}
 	in := bufio.NewReader(os.Stdin)
@@ -111,6 +111,9 @@ func runProcHelper(args []string) int {
 // stdin and its stdout; the test ends it.
 func helperTree(t *testing.T, mode ...string) (*exec.Cmd, *os.File, *bufio.Reader) {
 	t.Helper()
+	if runtime.GOOS != "linux" {
+		t.Skip("reads /proc")
+	}
 	cmd := exec.Command(os.Args[0], append([]string{procHelperCommand}, mode...)...)
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
