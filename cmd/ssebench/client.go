@@ -56,7 +56,7 @@ type client struct {
 	uniq   []atomic.Int64 // distinct events per slot
 	parser sseParser
 	st     *stats
-	now    int64 // Unix ns of the read being parsed
+	now    int64 // monoNow of the read being parsed
 
 	everConnected atomic.Bool
 	connects      atomic.Int32
@@ -72,7 +72,7 @@ type client struct {
 	bodyLen int64 // remaining body bytes when a Content-Length was sent, else -1
 	req     []byte
 	reqOff  int
-	opened  int64 // Unix ns when the current attempt began
+	opened  int64 // monoNow when the current attempt began
 }
 
 func newClient(id int, tgt *target, chans []int64, names []string, reconnect bool, hold time.Duration, st *stats) *client {

@@ -208,7 +208,7 @@ func (w *worker) loop() {
 	for {
 		timeout := 100
 		if len(w.timers) > 0 {
-			d := (w.timers[0].at - time.Now().UnixNano() + 999_999) / 1e6
+			d := (w.timers[0].at - monoNow() + 999_999) / 1e6
 			timeout = int(min(max(d, 0), 100))
 		}
 		n, err := syscall.EpollWait(w.epfd, events, timeout)
@@ -242,7 +242,7 @@ func (w *worker) loop() {
 			}
 		}
 		w.readQueued()
-		now := time.Now().UnixNano()
+		now := monoNow()
 		for len(w.timers) > 0 && w.timers[0].at <= now {
 			w.fire(heap.Pop(&w.timers).(wtimer), now)
 		}
@@ -255,7 +255,7 @@ func (w *worker) loop() {
 		w.pending = nil
 		w.mu.Unlock()
 		for _, c := range pending {
-			w.open(c, time.Now().UnixNano())
+			w.open(c, monoNow())
 		}
 	}
 }
@@ -467,7 +467,7 @@ func (w *worker) took(c *client, buf []byte, n int, err error) bool {
 		}
 		return false
 	}
-	return w.process(c, buf[:n], time.Now().UnixNano())
+	return w.process(c, buf[:n], monoNow())
 }
 
 // queueRead adds a ready stream to the round's batched reads.
@@ -609,7 +609,7 @@ func (w *worker) attemptFailed(c *client, kind string) {
 	w.k.noteErr(kind)
 	w.k.cnt.failed.Add(1)
 	w.closeFD(c)
-	w.retryLater(c, time.Now().UnixNano())
+	w.retryLater(c, monoNow())
 }
 
 // ended: the stream ended (the server closed it, or it broke); a browser
@@ -620,7 +620,7 @@ func (w *worker) ended(c *client, kind string) {
 	}
 	w.k.cnt.ended.Add(1)
 	w.closeFD(c)
-	w.retryLater(c, time.Now().UnixNano())
+	w.retryLater(c, monoNow())
 }
 
 func (w *worker) retryLater(c *client, now int64) {

@@ -20,7 +20,7 @@ import (
 func finWithDataServer(t *testing.T, chunked bool) string {
 	ln, kept := listenKeeping(t)
 	frame := func(seq int64) string {
-		return "data: " + string(appendBenchData(nil, benchEvent{ch: 0, seq: seq, t: time.Now().UnixNano()}, 0)) + fmt.Sprintf("\nid: %d\n\n", seq)
+		return "data: " + string(appendBenchData(nil, benchEvent{ch: 0, seq: seq, t: monoNow()}, 0)) + fmt.Sprintf("\nid: %d\n\n", seq)
 	}
 	head := "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
 	body := func(s string) string { return s }

@@ -199,7 +199,7 @@ func (e *stdEngine) stream(c *client, tr *http.Transport, url string, buf []byte
 	for {
 		n, err := resp.Body.Read(buf)
 		if n > 0 {
-			if perr := c.feed(buf[:n], time.Now().UnixNano()); perr != nil {
+			if perr := c.feed(buf[:n], monoNow()); perr != nil {
 				k.noteErr(perr.Error())
 				k.cnt.ended.Add(1)
 				return true, false

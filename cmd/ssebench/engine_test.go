@@ -34,7 +34,7 @@ func TestEpollSplitCRLFAcrossChunks(t *testing.T) {
 		buf := make([]byte, 4096)
 		_, _ = conn.Read(buf) // the request
 		part1 := `data: {"c":0,"s":1,` + "\r"
-		part2 := "\n" + `data: "t":` + fmt.Sprint(time.Now().UnixNano()) + "}\r\n\r\n"
+		part2 := "\n" + `data: "t":` + fmt.Sprint(monoNow()) + "}\r\n\r\n"
 		for _, w := range []string{
 			"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" + fmt.Sprintf("%x\r\n", len(part1)) + part1,
 			"\r\n",
@@ -75,7 +75,7 @@ func TestEpollSplitCRLFAcrossChunks(t *testing.T) {
 // 3 distinct events, no duplicate, and no absurd latency.
 func cutMidEventServer(t *testing.T) string {
 	frame := func(seq int64) string {
-		return "event: tick\ndata: " + string(appendBenchData(nil, benchEvent{ch: 0, seq: seq, t: time.Now().UnixNano()}, 0)) +
+		return "event: tick\ndata: " + string(appendBenchData(nil, benchEvent{ch: 0, seq: seq, t: monoNow()}, 0)) +
 			fmt.Sprintf("\nid: %d\n\n", seq)
 	}
 	return serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 )
 
 // acceptedUpTo is what the server accepted when every publish to channel ch
@@ -36,7 +35,7 @@ func (p lossyPublisher) publish(_ context.Context, _, event string, data []byte,
 	ev, _ := parseBenchData(data)
 	if ev.seq != 2 {
 		frame := "event: " + event + "\ndata: " + string(data) + fmt.Sprintf("\nid: %d\n\n", ev.seq)
-		if err := p.c.feed([]byte(frame), time.Now().UnixNano()); err != nil {
+		if err := p.c.feed([]byte(frame), monoNow()); err != nil {
 			return err
 		}
 	}

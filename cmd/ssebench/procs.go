@@ -23,8 +23,8 @@ import (
 // publishes, asks the workers for their tallies over a line protocol
 // (commands on the worker's stdin, one JSON message per line on its
 // stdout) and merges them. Latency is measured by each worker against the
-// wall-clock time in the event's data, set by the parent: the same box, so
-// comparable across processes.
+// time in the event's data, set by the parent: CLOCK_MONOTONIC (monoNow),
+// which the processes of a box share, so comparable across processes.
 //
 // Commands: "begin" (freeze the set of connected streams that the tallies
 // cover), "tally" (optionally followed by a space and the JSON of what the

@@ -213,7 +213,7 @@ func runPublish(ctx context.Context, pub publisher, plan pubPlan) *pubResult {
 				res.lag.Record(began.Sub(job.due).Nanoseconds())
 				res.mu.Unlock()
 				// the same body on a retry: the Idempotency-Key covers it
-				data = appendBenchData(data[:0], benchEvent{ch: int64(job.ch), seq: job.seq, t: began.UnixNano()}, plan.pad)
+				data = appendBenchData(data[:0], benchEvent{ch: int64(job.ch), seq: job.seq, t: monoOf(began)}, plan.pad)
 				var err error
 				for try := 0; try <= plan.retries; try++ {
 					if ctx.Err() != nil {

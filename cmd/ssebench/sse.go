@@ -480,7 +480,7 @@ func containsTokenFold(v []byte, token string) bool {
 type benchEvent struct {
 	ch  int64
 	seq int64
-	t   int64 // Unix ns at publish
+	t   int64 // monoNow at publish (CLOCK_MONOTONIC ns)
 }
 
 // appendBenchData appends the JSON data of an event: {"c":1,"s":2,"t":3}
