@@ -32,19 +32,33 @@ import (
 
 // browserPage is served next to the stream: it opens one EventSource per
 // ?u= parameter and records every open, error and event (type, data,
-// lastEventId) in window.got, which the test reads.
+// lastEventId) in window.got, which the test reads. With ?close, it does
+// what README ("A page left keeps its stream") advises: it closes its
+// EventSources on pagehide and, shown again from the back/forward cache,
+// opens new ones with the last id each saw as lastEventID (recorded as
+// k: 'reopen').
 const browserPage = `<!doctype html>
 <html><head><meta charset="utf-8"><title>sse browser test</title></head><body><script>
 'use strict';
 window.got = [];
 const rec = (o) => { o.t = Math.round(performance.now()); window.got.push(o); };
-for (const [i, u] of new URLSearchParams(location.search).getAll('u').entries()) {
-  const tag = 's' + i, es = new EventSource(u);
-  es.onopen = () => rec({k: 'open', tag, rs: es.readyState});
-  es.onerror = () => rec({k: 'error', tag, rs: es.readyState});
-  const ev = (e) => rec({k: 'event', tag, type: e.type, data: e.data, id: e.lastEventId});
-  es.onmessage = ev;
-  for (const t of ['greet', 'server_closing', 'sse_truncated', 'sse_rejected', 'sse_degraded']) es.addEventListener(t, ev);
+const params = new URLSearchParams(location.search);
+for (const [i, u] of params.getAll('u').entries()) {
+  const tag = 's' + i;
+  let es, last = '';
+  const connect = () => {
+    es = new EventSource(last ? u + (u.includes('?') ? '&' : '?') + 'lastEventID=' + encodeURIComponent(last) : u);
+    es.onopen = () => rec({k: 'open', tag, rs: es.readyState});
+    es.onerror = () => rec({k: 'error', tag, rs: es.readyState});
+    const ev = (e) => { if (e.lastEventId) last = e.lastEventId; rec({k: 'event', tag, type: e.type, data: e.data, id: e.lastEventId}); };
+    es.onmessage = ev;
+    for (const t of ['greet', 'server_closing', 'sse_truncated', 'sse_rejected', 'sse_degraded']) es.addEventListener(t, ev);
+  };
+  connect();
+  if (params.has('close')) {
+    addEventListener('pagehide', () => es.close());
+    addEventListener('pageshow', (e) => { if (e.persisted) { rec({k: 'reopen', tag}); connect(); } });
+  }
 }
 </script></body></html>
 `
@@ -101,9 +115,10 @@ type webDriver struct {
 }
 
 // startBrowser starts chromedriver on a free port and a headless Chromium
-// session through it; both end with the test (the session is deleted,
-// which ends Chromium, then chromedriver is killed by its PID).
-func startBrowser(t *testing.T) *webDriver {
+// session through it, with the extra command-line flags args; both end
+// with the test (the session is deleted, which ends Chromium, then
+// chromedriver is killed by its PID).
+func startBrowser(t *testing.T, args ...string) *webDriver {
 	t.Helper()
 	chromium, driver := findBrowser(t)
 	port := freePort(t, false)
@@ -140,7 +155,7 @@ func startBrowser(t *testing.T) *webDriver {
 		"goog:chromeOptions": map[string]any{
 			"binary": chromium,
 			// --no-sandbox: CI containers run as root, where Chromium's sandbox cannot start
-			"args": []string{"--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"},
+			"args": append([]string{"--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"}, args...),
 		},
 	}}})
 	var s struct {
