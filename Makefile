@@ -49,22 +49,42 @@ SPAWN_CHAOS = -spawn-redis $(BENCH_REDIS_SERVER) \
 ## test: the whole suite with the race detector, and the in-process and
 ## built-binary tests again with the takeover writer, with and without
 ## io_uring (every test passes with either writer). This is the README's test
-## command; .ci/run runs it. The whole suite and the takeover runs are
-## processes of their own whose tests take free ports and temporary
-## directories, and mostly wait (for Redis, timeouts, clients): they run side
-## by side, each one's output printed whole when it ends. (All three side by
-## side was a minute faster on two cores, and loaded the box enough to show
-## a test's race with it in one run out of two.)
-.PHONY: test test-all test-takeover
+## command; .ci/run runs it. The runs are processes of their own whose tests
+## take free ports and temporary directories, and mostly wait (for Redis,
+## timeouts, clients): they run in two lanes side by side, each lane's output
+## printed whole when it ends. The root package's run without io_uring is
+## split between the lanes (TAKEOVER_HALF's tests in one, the others in the
+## other: -run and -skip of one pattern, so every test runs once), which
+## evens them out: the lane of the takeover runs took as long as the other
+## and one whole run more. (All three side by side was a minute faster on two
+## cores than two lanes unsplit, and loaded the box enough to show a test's
+## race with it in one run out of two.)
+.PHONY: test test-all test-takeover test-lane-all test-lane-takeover
 test:
-	@$(MAKE) --no-print-directory -j2 --output-sync=target test-all test-takeover
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test-lane-all test-lane-takeover
 
+TEST_RACE      = $(GO) test -race -count=1 -timeout 15m
+TAKEOVER       = SSE_TEST_WRITER=takeover
+TAKEOVER_NOURING = CADDY_SSE_IO_URING=0 SSE_TEST_WRITER=takeover
+# about half of the root package's test time (TestRedis* is a third of it)
+TAKEOVER_HALF  = ^Test([A-Q]|Redis[A-M])
+
+## test-all: the whole suite once, with the default writer
 test-all:
-	$(GO) test -race -count=1 -timeout 15m ./...
+	$(TEST_RACE) ./...
 
+## test-takeover: the root package and the built-binary tests with the
+## takeover writer, then the root package again without io_uring
 test-takeover:
-	SSE_TEST_WRITER=takeover $(GO) test -race -count=1 -timeout 15m . ./e2e/
-	CADDY_SSE_IO_URING=0 SSE_TEST_WRITER=takeover $(GO) test -race -count=1 -timeout 15m .
+	$(TAKEOVER) $(TEST_RACE) . ./e2e/
+	$(TAKEOVER_NOURING) $(TEST_RACE) .
+
+test-lane-all: test-all
+	$(TAKEOVER_NOURING) $(TEST_RACE) -run '$(TAKEOVER_HALF)' .
+
+test-lane-takeover:
+	$(TAKEOVER) $(TEST_RACE) . ./e2e/
+	$(TAKEOVER_NOURING) $(TEST_RACE) -skip '$(TAKEOVER_HALF)' .
 
 .PHONY: bench-caddy-floor
 .PHONY: bench bench-build bench-idle bench-fanout bench-fanout20 bench-fanout30 bench-spread bench-ramp bench-churn \
