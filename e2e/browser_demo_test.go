@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -64,32 +62,9 @@ func countRows(rows []string, prefix string) int {
 // its last event before the restart, which the new history does not have.
 func TestBrowserDemoResumesAfterARestart(t *testing.T) {
 	w := startBrowser(t)
-	root, err := moduleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := os.ReadFile(filepath.Join(root, "Caddyfile.example"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	port, admin := freePort(t, false), fmt.Sprintf("127.0.0.1:%d", freePort(t, false))
-	caddyfile := string(raw)
-	for _, edit := range [][2]string{
-		{"admin localhost:2019", "admin " + admin},
-		{":8080 {", fmt.Sprintf(":%d {", port)},
-		{"root * examples/demo", "root * " + filepath.Join(root, "examples", "demo")},
-	} {
-		if !strings.Contains(caddyfile, edit[0]) {
-			t.Fatalf("Caddyfile.example no longer holds %q: bring this test up to date", edit[0])
-		}
-		caddyfile = strings.Replace(caddyfile, edit[0], edit[1], 1)
-	}
-	p := startCaddy(t, admin, caddyfile)
-	secret := os.Getenv("SSE_PUBLISH_SECRET") // read when the file is adapted
-	if secret == "" {
-		secret = "demo-secret" // the file's default, and the page's
-	}
-	w.navigate(fmt.Sprintf("http://127.0.0.1:%d/", port))
+	ex := startExample(t)
+	p, secret := ex.proc, ex.secret
+	w.navigate(fmt.Sprintf("http://127.0.0.1:%d/", ex.port))
 	w.script(`document.getElementById('pub-secret').value = arguments[0]`, secret)
 
 	state := func() string {
@@ -112,7 +87,7 @@ func TestBrowserDemoResumesAfterARestart(t *testing.T) {
 	stopAt := time.Now()
 	p.stopCLI()
 	p.waitExit(time.Now().Add(waitFor), stopAt)
-	startCaddy(t, admin, caddyfile)
+	ex.start(t)
 	waitRows(w, time.Now().Add(waitFor), "sse_truncated after the restart", func(rows []string) bool {
 		return countRows(rows, "sse_truncated") == 1 && state() == "open"
 	})

@@ -67,22 +67,7 @@ func TestLatencyClockIsMonotonic(t *testing.T) {
 	}))
 	for _, engName := range []string{"std", "epoll"} {
 		t.Run(engName, func(t *testing.T) {
-			tgt, err := resolveTarget(context.Background(), base+"/events", defaultLookup)
-			if err != nil {
-				t.Fatal(err)
-			}
-			opts := engineOpts{headTimeout: 5 * time.Second, defaultRetry: 20 * time.Millisecond, workers: 1, readBuf: 1024, proto: "h1"}
-			var eng engine
-			if engName == "std" {
-				eng, err = newStdEngine(opts, []*target{tgt})
-			} else {
-				eng, err = openEpollEngine(opts)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			c := newClient(0, tgt, []int64{0}, []string{"bench0"}, true, 0, eng.shardFor(0))
-			eng.start(c)
+			eng, c := startOneStream(t, engName, base)
 			deadline := time.Now().Add(5 * time.Second)
 			for c.uniq[0].Load() < 1 && time.Now().Before(deadline) {
 				time.Sleep(5 * time.Millisecond)

@@ -99,23 +99,7 @@ func TestPartialEventDiscardedOnReconnect(t *testing.T) {
 			if engName == "epoll" && runtime.GOOS != "linux" {
 				t.Skip("the epoll engine needs Linux")
 			}
-			base := cutMidEventServer(t)
-			tgt, err := resolveTarget(context.Background(), base+"/events", defaultLookup)
-			if err != nil {
-				t.Fatal(err)
-			}
-			opts := engineOpts{headTimeout: 5 * time.Second, defaultRetry: 20 * time.Millisecond, workers: 1, readBuf: 1024, proto: "h1"}
-			var eng engine
-			if engName == "std" {
-				eng, err = newStdEngine(opts, []*target{tgt})
-			} else {
-				eng, err = openEpollEngine(opts)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			c := newClient(0, tgt, []int64{0}, []string{"bench0"}, true, 0, eng.shardFor(0))
-			eng.start(c)
+			eng, c := startOneStream(t, engName, cutMidEventServer(t))
 			deadline := time.Now().Add(5 * time.Second)
 			for (c.uniq[0].Load() < 3 || c.connects.Load() < 2) && time.Now().Before(deadline) {
 				time.Sleep(5 * time.Millisecond)
@@ -212,4 +196,27 @@ func listenKeeping(t *testing.T) (net.Listener, *keptConns) {
 		}
 	})
 	return ln, kept
+}
+
+// startOneStream opens one stream of base's /events with the engine named
+// (std or epoll): a client of channel 0, retrying 20 ms after a stream ends.
+func startOneStream(t *testing.T, engName, base string) (engine, *client) {
+	t.Helper()
+	tgt, err := resolveTarget(context.Background(), base+"/events", defaultLookup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := engineOpts{headTimeout: 5 * time.Second, defaultRetry: 20 * time.Millisecond, workers: 1, readBuf: 1024, proto: "h1"}
+	var eng engine
+	if engName == "std" {
+		eng, err = newStdEngine(opts, []*target{tgt})
+	} else {
+		eng, err = openEpollEngine(opts)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(0, tgt, []int64{0}, []string{"bench0"}, true, 0, eng.shardFor(0))
+	eng.start(c)
+	return eng, c
 }
