@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 )
@@ -19,10 +17,7 @@ import (
 // stream of the page, without them, is cut at every attempt.
 func TestBrowserOversizeReconnectOverHTTP2(t *testing.T) {
 	w := startBrowser(t, "--ignore-certificate-errors", "--disable-quic")
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "page.html"), []byte(browserPage), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	dir := browserPageDir(t)
 	p, port := startTLSCaddy(t, "", func(port int) string {
 		return fmt.Sprintf(`https://localhost:%d {
 	tls internal

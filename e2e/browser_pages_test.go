@@ -3,7 +3,6 @@ package e2e
 import (
 	"fmt"
 	"net/url"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -17,10 +16,7 @@ import (
 // again (Back) resumes from the last id it saw, with lastEventID.
 func TestBrowserPageLeftKeepsItsStream(t *testing.T) {
 	w := startBrowser(t)
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "page.html"), []byte(browserPage), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	dir := browserPageDir(t)
 	accessLog := filepath.Join(t.TempDir(), "access.log")
 	adminPort, port := freePort(t, false), freePort(t, false)
 	// in_stream: a refused page retries, so that the test does not hang on

@@ -63,6 +63,17 @@ for (const [i, u] of params.getAll('u').entries()) {
 </script></body></html>
 `
 
+// browserPageDir returns a directory that serves browserPage as
+// page.html.
+func browserPageDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "page.html"), []byte(browserPage), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 // pageRecord is one entry of window.got.
 type pageRecord struct {
 	K    string `json:"k"` // open, error, event
@@ -356,10 +367,7 @@ func streamRequests(t *testing.T, accessLog, uri string) []string {
 //     are told sse_truncated, not left to miss events silently.
 func TestBrowserEventSourceThroughReloadAndRestart(t *testing.T) {
 	w := startBrowser(t)
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "page.html"), []byte(browserPage), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	dir := browserPageDir(t)
 	accessLog := filepath.Join(t.TempDir(), "access.log")
 	adminPort, port := freePort(t, false), freePort(t, false)
 	admin := fmt.Sprintf("127.0.0.1:%d", adminPort)
