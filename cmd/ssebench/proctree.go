@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -102,22 +103,10 @@ func parsePss(b []byte) (int64, error) {
 // descendants returns the processes descended from pid, from the parent
 // pids in /proc/<pid>/stat.
 func descendants(pid int) []int {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
 	children := map[int][]int{}
-	for _, e := range ents {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil || p == pid {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		if ppid, ok := parsePPID(b); ok {
-			children[ppid] = append(children[ppid], p)
+	for p, in := range readProcTable() {
+		if p != pid {
+			children[in.ppid] = append(children[in.ppid], p)
 		}
 	}
 	var out []int
@@ -125,6 +114,7 @@ func descendants(pid int) []int {
 	for len(queue) > 0 {
 		p := queue[0]
 		queue = queue[1:]
+		slices.Sort(children[p]) // the table is a map: keep the pids' order
 		for _, kid := range children[p] {
 			out = append(out, kid)
 			queue = append(queue, kid)
@@ -133,22 +123,8 @@ func descendants(pid int) []int {
 	return out
 }
 
-// parsePPID reads the parent pid (field 4) of /proc/<pid>/stat; the name
-// before it is in parentheses and may hold anything.
-func parsePPID(b []byte) (int, bool) {
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, false
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 2 {
-		return 0, false
-	}
-	ppid, err := strconv.Atoi(f[1])
-	return ppid, err == nil
-}
-
-// procInfo is what serverRoot reads of a process (/proc/<pid>/stat).
+// procInfo is what descendants and serverRoot read of a process
+// (/proc/<pid>/stat).
 type procInfo struct {
 	ppid, pgid int
 	comm       string

@@ -120,7 +120,8 @@ func TestParsePssAndPPID(t *testing.T) {
 	if _, err := parsePss([]byte("Rss: 1 kB\n")); err == nil {
 		t.Fatal("no Pss line: want an error")
 	}
-	ppid, ok := parsePPID([]byte("42 (a (strange) name) S 17 42 42 0 -1"))
+	in, ok := parseProcInfo([]byte("42 (a (strange) name) S 17 42 42 0 -1"))
+	ppid := in.ppid
 	if !ok || ppid != 17 {
 		t.Fatalf("ppid %d %v", ppid, ok)
 	}
