@@ -154,25 +154,23 @@ func (m *Memory) Read(channel string, after *Position, limit int) Page {
 	r := m.channels[channel]
 	m.mu.RUnlock()
 	if r == nil {
-		empty := Position{Epoch: m.epoch}
-		if after == nil {
-			return Page{Head: empty}
-		}
-		if m.lost(*after) {
-			return newest(emptyWindow{}, limit, Page{Head: empty})
-		}
-		return Select(emptyWindow{}, empty, *after, limit)
+		return m.page(emptyWindow{}, Position{Epoch: m.epoch}, after, limit)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.expire(m.now())
-	if after == nil {
-		return Page{Head: r.head}
+	return m.page(r, r.head, after, limit)
+}
+
+// page answers a Read of a channel whose history is w, at head.
+func (m *Memory) page(w Window, head Position, after *Position, limit int) Page {
+	switch {
+	case after == nil:
+		return Page{Head: head}
+	case m.lost(*after):
+		return newest(w, limit, Page{Head: head})
 	}
-	if m.lost(*after) {
-		return newest(r, limit, Page{Head: r.head})
-	}
-	return Select(r, r.head, *after, limit)
+	return Select(w, head, *after, limit)
 }
 
 // lost reports whether after is a channel seen empty in another log: its
