@@ -239,7 +239,7 @@ func TestAPublishInFlightDuringAReloadThatReplacesTheHubIsAnswered(t *testing.T)
 // is told server_closing at once, as every stream of the old config is.
 func TestAStreamOpeningDuringAReloadThatReplacesTheHubIsNotRefused(t *testing.T) {
 	rds := redistest.Start(t)
-	proxy := startStallingProxy(t, rds.Addr(), "sse_read_v3", "$3\r\n777\r\n") // the replay's read alone
+	proxy := startStallingProxy(t, rds.Addr(), pubsub.FunctionRead, "$3\r\n777\r\n") // the replay's read alone
 	site := func(pool int) string {
 		return redisBlockSite("url redis://"+proxy.addr()+"\n\t\t\tread_timeout 2s\n\t\t\tmax_retries 1\n\t\t\tpool_size "+itoa(pool), "replay_limit 777")
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/caddy-sse/caddy-sse/internal/redistest"
+	"github.com/caddy-sse/caddy-sse/pubsub"
 )
 
 // A reload while a degraded stream recovers from a Redis that hangs on its
@@ -20,7 +21,7 @@ import (
 // default: about 20 s), and a stop waited for it (SPEC S8).
 func TestReloadDuringADegradedRecoveryFromAHungRedisEndsTheStreamPromptly(t *testing.T) {
 	rds := redistest.Start(t)
-	proxy := startStallingProxy(t, rds.Addr(), "sse_read_v3", "$3\r\n777\r\n") // the stream's reads alone
+	proxy := startStallingProxy(t, rds.Addr(), pubsub.FunctionRead, "$3\r\n777\r\n") // the stream's reads alone
 	site := redisBlockSite("url redis://"+proxy.addr()+"\n\t\t\tcheck_interval 300ms",
 		"replay_limit 777", "heartbeat off", "close_jitter 100ms")
 	srv := startCaddy(t, site)

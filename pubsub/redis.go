@@ -35,7 +35,10 @@ const (
 	FunctionPublishV2      = "sse_publish_v2"
 	FunctionPublishOnce    = "sse_publish_once_v2"
 	FunctionPublishCounted = "sse_publish_once_v3"
-	FunctionRead           = "sse_read_v3"
+	FunctionRead           = "sse_read_v4"
+	// FunctionOpen starts the epoch of a channel a stream sees empty
+	// (redis_open.go).
+	FunctionOpen = "sse_open_v1"
 )
 
 // functionKeys are the keys a call of function declares for the channel
@@ -43,7 +46,7 @@ const (
 // whose token is its first argument); only B for the _v1 forms.
 func functionKeys(function, base string, args []any) []string {
 	switch function {
-	case FunctionRead, FunctionPublishV2:
+	case FunctionRead, FunctionPublishV2, FunctionOpen:
 		return []string{base + ":m", base + ":s"}
 	case FunctionPublishOnce, FunctionPublishCounted:
 		token, _ := args[0].(string)
@@ -81,6 +84,7 @@ type Redis struct {
 	badMany       rarelog.Warning // invalid events on channels beyond maxBadWarned
 	badNotices    rarelog.Warning // malformed announcements (watcher.onNotice)
 	idemFallback  rarelog.Warning // idempotency keys kept here while Redis is down
+	unopened      rarelog.Warning // empty channels whose epoch could not be started (redis_open.go)
 	up            atomic.Bool
 	scriptsOnly   atomic.Bool // functions are forbidden: run scripts
 	loads         libraryLoads
@@ -321,7 +325,7 @@ func (b *Redis) Read(ctx context.Context, channel string, after *replay.Position
 	key := b.Key(channel)
 	if after == nil && b.up.Load() {
 		if head, ok := b.watch.startAt(ctx, key); ok {
-			return replay.Page{Head: head}, nil
+			return replay.Page{Head: b.namedHead(ctx, channel, key, head)}, nil
 		}
 	} else if wt := b.watch.lookup(key); wt != nil && b.up.Load() {
 		// a reconnect to a channel this instance did not follow yet learns
@@ -336,6 +340,9 @@ func (b *Redis) Read(ctx context.Context, channel string, after *replay.Position
 	page, bad, err := b.read(ctx, key, after, limit)
 	if bad > 0 {
 		b.warnBad(channel)
+	}
+	if err == nil {
+		page.Head = b.namedHead(ctx, channel, key, page.Head)
 	}
 	return page, err
 }

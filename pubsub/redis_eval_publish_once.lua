@@ -22,6 +22,12 @@ which tells every old cursor that its replay is truncated. A channel quiet
 for longer than its max age whose B:s expired keeps its epoch: every event
 it held was too old to replay anyway, so no cursor missed anything.
 
+A channel a stream sees before its first event gets its epoch then
+(sse_open_v1): B:m with s 0 and t 0, which the first event continues at
+seq 1. A client's id holds such a channel as <epoch>:0:0, "before the
+first event of that epoch", so that a history lost while it was away
+(the channel's first events with it) is told as truncated, as any other.
+
 FCALL sse_publish_v1 1 <B> <type> <data> [<count> [<max_age_ms> [<max_bytes>]]]
   Appends the event, trims the history to count events / max age / bytes
   (defaults 1000, 86400000, 4194304; an empty one is its default, one that
@@ -59,6 +65,16 @@ FCALL sse_publish_once_v3 3 <B>:m <B>:s <B>:p:<token> <token> <ttl_ms> <type> <d
   sse_publish_once_v2 whose reply is {epoch, seq, time, repeat}: repeat is 1
   when the reply is the one kept for the token (nothing published now), 0
   when this call published. caddy-sse calls it to count what it publishes.
+FCALL sse_open_v1 2 <B>:m <B>:s
+  Returns {epoch, 0, 0}: the position before the first event of the
+  channel's epoch, which it starts if the channel has none (B:m then
+  expires as after an event with the default max age). caddy-sse calls
+  it for a channel whose head it reads empty, and puts that position in the
+  ids it gives clients.
+FCALL_RO sse_read_v4 2 <B>:m <B>:s <limit> [<epoch> <seq> <time>]
+  sse_read_v3 under a new name, which caddy-sse calls: a position before
+  the first event (0 0 0) read of a channel that sse_open_v1 gave an epoch
+  and that has no event yet was answered as truncated.
 ]==]
 
 local OVERHEAD = 64 -- what an entry costs besides its type and data
@@ -120,6 +136,14 @@ end
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
+end
+
+-- new_epoch is the epoch a new history starts, from Redis' clock (TIME):
+-- one that a lost history of the channel had is unlikely
+local function new_epoch(clock)
+  local epoch = (tonumber(clock[1]) * 1000000 + tonumber(clock[2])) % 4294967296
+  if epoch == 0 then epoch = 1 end
+  return epoch
 end
 
 local function parse_id(id)
@@ -204,7 +228,8 @@ local function publish(keys, args)
   local kept_age = tonumber(meta[5]) or max_age
   local now, clock = now_ms()
   local lost = epoch == nil or seq == nil or last == nil
-  if not lost and redis.call('EXISTS', skey) == 0 then
+  -- seq 0: an epoch sse_open_v1 started, which has no stream yet
+  if not lost and seq > 0 and redis.call('EXISTS', skey) == 0 then
     if now - last >= kept_age then
       -- the stream expired on a quiet channel (or went when every event in
       -- it was older than the max age): nothing a cursor could replay is
@@ -218,8 +243,7 @@ local function publish(keys, args)
     -- a new channel, or its history was lost: start a new epoch so that
     -- old cursors are told
     redis.call('DEL', skey, mkey)
-    epoch = (tonumber(clock[1]) * 1000000 + tonumber(clock[2])) % 4294967296
-    if epoch == 0 then epoch = 1 end
+    epoch = new_epoch(clock)
     seq, last, bytes = 0, 0, 0
   end
   seq = seq + 1
@@ -326,6 +350,7 @@ local function read(keys, args)
   if first then first_t, first_s = parse_id(first[1]) end
 
   if ae == 0 and as == 0 then
+    if s == 0 then return result(head, false, {}) end -- no event yet
     if first and first_s == 1 then return tail(skey, floor, floor, limit, head) end
     return newest(skey, floor, limit, head)
   end
@@ -395,6 +420,26 @@ local function publish_once_v3(keys, args)
     reply[4] = repeated and 1 or 0
   end
   return reply
+end
+
+-- open starts the epoch of a channel that has none (sse_open_v1), and
+-- returns the position before its first event
+local function open(keys, args)
+  local base = base_of(keys, 2)
+  if not base then return redis.error_reply(KEYS_ERR) end
+  local err = check_base(base)
+  if err then return redis.error_reply(err) end
+  if #args > 0 then return redis.error_reply('ERR sse: sse_open_v1 takes no argument') end
+  local mkey = base .. ':m'
+  local epoch = tonumber(redis.call('HMGET', mkey, 'e')[1])
+  if epoch == nil then
+    epoch = new_epoch(select(2, now_ms()))
+    redis.call('HSET', mkey, 'e', num(epoch), 's', '0', 't', '0', 'b', '0')
+    -- as B:m after an event with the default max age: a client away
+    -- longer is told truncated, the safe side, if no event came since
+    redis.call('PEXPIRE', mkey, 2 * 86400000 + META_GRACE)
+  end
+  return { num(epoch), '0', '0' }
 end
 
 local function read_v2(keys, args)

@@ -29,7 +29,8 @@ func evalScript(function string) string {
 		b.WriteByte('\n')
 	}
 	callback := map[string]string{FunctionPublish: "publish", FunctionPublishV2: "publish_v2",
-		FunctionPublishOnce: "publish_once_v2", FunctionPublishCounted: "publish_once_v3", FunctionRead: "read_v2"}[function]
+		FunctionPublishOnce: "publish_once_v2", FunctionPublishCounted: "publish_once_v3", FunctionRead: "read_v2",
+		FunctionOpen: "open"}[function]
 	b.WriteString("return " + callback + "(KEYS, ARGV)\n")
 	return b.String()
 }
@@ -42,6 +43,7 @@ var scripts = map[string]*redis.Script{
 	FunctionPublishOnce:    redis.NewScript(evalScript(FunctionPublishOnce)),
 	FunctionPublishCounted: redis.NewScript(evalScript(FunctionPublishCounted)),
 	FunctionRead:           redis.NewScript(evalScript(FunctionRead)),
+	FunctionOpen:           redis.NewScript(evalScript(FunctionOpen)),
 }
 
 // runScript runs a function's script form (EVALSHA, or EVAL if Redis does

@@ -172,6 +172,22 @@ func (b *Redis) lastKnown(channel string) (replay.Position, bool) {
 	return wt.last, wt.known && !wt.last.IsZero()
 }
 
+// adoptEmpty has the watch of key, at the position before a channel's first
+// event, start further streams at head instead: the same position, of the
+// epoch namedHead started. A watch that has delivered an event since is
+// left as it is.
+func (w *watcher) adoptEmpty(key string, head replay.Position) {
+	wt := w.lookup(key)
+	if wt == nil {
+		return
+	}
+	wt.mu.Lock()
+	defer wt.mu.Unlock()
+	if wt.known && wt.last.IsZero() {
+		wt.last = head
+	}
+}
+
 // lostSubscription marks the watch as behind until its next check: its
 // shard's connection ended, and what was published meanwhile arrives only
 // with the repair after the new subscription is confirmed. A stream that
@@ -631,6 +647,10 @@ func (w *watcher) syncHead(h headOf) {
 		if h.newest != nil && h.newest.Pos == head {
 			w.deliverLocked(wt, h.newest)
 		}
+	case head.IsZero() && wt.last.IsZero():
+		// before the first event still, of the epoch a stream started
+		// (adoptEmpty) or of none (its history lost): nothing to deliver
+		wt.last = head
 	case head == wt.last:
 	case wt.last != before.last && wt.last.Holds(head):
 		// announced past head while the check ran

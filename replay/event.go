@@ -14,9 +14,10 @@ import "time"
 // A Position at seq 0 means "before the first event of the channel": a
 // client that saw a channel while it was empty holds it, and is replayed
 // from the channel's first event whatever epoch that event has. Its epoch
-// is zero, or, from the in-memory log, the log's own epoch (see Memory), so
-// that a log that replaced it (a restart) can tell the client that the
-// history it saw empty was lost.
+// names the history that was empty, so that a hub that lost it can tell the
+// client: the in-memory log's own epoch (see Memory; a restart replaces
+// it), or in Redis the channel's epoch started before its first event
+// (pubsub's redis_open.go). It is zero where neither was known.
 type Position struct {
 	Epoch uint32
 	Seq   uint64

@@ -1,0 +1,57 @@
+package caddysse
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/caddy-sse/caddy-sse/internal/redistest"
+)
+
+// A client that saw channel b empty, was away while b's first event was
+// published, and comes back after Redis lost it (flushed, restarted without
+// persistence, a failover that lost the write) is told b was truncated. Its
+// id held b as "before the first event" with nothing naming the history it
+// saw empty, and was replayed b's new history as if it were all there was.
+func TestRedisCursorOfAnEmptyChannelIsTruncatedWhenTheHistoryIsLost(t *testing.T) {
+	rds := redistest.Start(t)
+	srv := startCaddy(t, redisSite(rds.URL()))
+	c := srv.subscribe("/events?channels=a,b", nil)
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
+	srv.publish("/events", map[string]any{"channel": "a", "data": "a1"})
+	ev := c.next()
+	if ev.Data != "a1" || ev.ID == "" {
+		t.Fatalf("got %+v, want a1 with an id", ev)
+	}
+	c.close()
+	srv.publish("/events", map[string]any{"channel": "b", "data": "lost"})
+	rds.MustCLI("FLUSHALL")
+	srv.publish("/events", map[string]any{"channel": "b", "data": "new"})
+	r := srv.subscribe("/events?channels=a,b", header("Last-Event-ID", ev.ID))
+	if r.resp.Header.Get("X-Replay-Truncated") != "true" {
+		t.Fatal("missing X-Replay-Truncated: true")
+	}
+	assertTruncatedEvent(t, r.next(), "a", "b")
+	if got := r.nextData(1); fmt.Sprint(got) != "[new]" {
+		t.Fatalf("after the truncation: %v", got)
+	}
+}
+
+// The same client whose channel's history is all there is replayed it from
+// its first event, and is told nothing was truncated.
+func TestRedisCursorOfAnEmptyChannelReplaysItsFirstEvents(t *testing.T) {
+	rds := redistest.Start(t)
+	srv := startCaddy(t, redisSite(rds.URL()))
+	c := srv.subscribe("/events?channels=a,b", nil)
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
+	srv.publish("/events", map[string]any{"channel": "a", "data": "a1"})
+	ev := c.next()
+	c.close()
+	srv.publishN("b", "b", 1, 2)
+	r := srv.subscribe("/events?channels=a,b", header("Last-Event-ID", ev.ID))
+	if h := r.resp.Header.Get("X-Replay-Truncated"); h != "" {
+		t.Fatalf("X-Replay-Truncated: %q, want none", h)
+	}
+	if got := r.nextData(2); fmt.Sprint(got) != "[b1 b2]" {
+		t.Fatalf("replayed %v", got)
+	}
+}
