@@ -13,26 +13,36 @@ import (
 // id held b as "before the first event" with nothing naming the history it
 // saw empty, and was replayed b's new history as if it were all there was.
 func TestRedisCursorOfAnEmptyChannelIsTruncatedWhenTheHistoryIsLost(t *testing.T) {
-	rds := redistest.Start(t)
-	srv := startCaddy(t, redisSite(rds.URL()))
-	c := srv.subscribe("/events?channels=a,b", nil)
-	rds.WaitShardSubscribers(t, "sse:{a}", 1)
-	srv.publish("/events", map[string]any{"channel": "a", "data": "a1"})
-	ev := c.next()
-	if ev.Data != "a1" || ev.ID == "" {
-		t.Fatalf("got %+v, want a1 with an id", ev)
-	}
-	c.close()
-	srv.publish("/events", map[string]any{"channel": "b", "data": "lost"})
-	rds.MustCLI("FLUSHALL")
-	srv.publish("/events", map[string]any{"channel": "b", "data": "new"})
-	r := srv.subscribe("/events?channels=a,b", header("Last-Event-ID", ev.ID))
-	if r.resp.Header.Get("X-Replay-Truncated") != "true" {
-		t.Fatal("missing X-Replay-Truncated: true")
-	}
-	assertTruncatedEvent(t, r.next(), "a", "b")
-	if got := r.nextData(1); fmt.Sprint(got) != "[new]" {
-		t.Fatalf("after the truncation: %v", got)
+	for name, lose := range map[string]func(*redistest.Server){
+		"flush": func(rds *redistest.Server) { rds.MustCLI("FLUSHALL") },
+		"restart without persistence": func(rds *redistest.Server) {
+			rds.Kill()
+			rds.Restart()
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			rds := redistest.Start(t)
+			srv := startCaddy(t, redisSite(rds.URL()))
+			c := srv.subscribe("/events?channels=a,b", nil)
+			rds.WaitShardSubscribers(t, "sse:{a}", 1)
+			srv.publish("/events", map[string]any{"channel": "a", "data": "a1"})
+			ev := c.next()
+			if ev.Data != "a1" || ev.ID == "" {
+				t.Fatalf("got %+v, want a1 with an id", ev)
+			}
+			c.close()
+			srv.publish("/events", map[string]any{"channel": "b", "data": "lost"})
+			lose(rds)
+			publishUntilAccepted(t, srv, "b", "new")
+			r := srv.subscribe("/events?channels=a,b", header("Last-Event-ID", ev.ID))
+			if r.resp.Header.Get("X-Replay-Truncated") != "true" {
+				t.Fatal("missing X-Replay-Truncated: true")
+			}
+			assertTruncatedEvent(t, r.next(), "a", "b")
+			if got := r.nextData(1); fmt.Sprint(got) != "[new]" {
+				t.Fatalf("after the truncation: %v", got)
+			}
+		})
 	}
 }
 
