@@ -85,6 +85,7 @@ type Redis struct {
 	badNotices    rarelog.Warning // malformed announcements (watcher.onNotice)
 	idemFallback  rarelog.Warning // idempotency keys kept here while Redis is down
 	unopened      rarelog.Warning // empty channels whose epoch could not be started (redis_open.go)
+	unopenedUntil atomic.Int64    // unix ns before which streams do not try that (namedHead)
 	up            atomic.Bool
 	scriptsOnly   atomic.Bool // functions are forbidden: run scripts
 	loads         libraryLoads

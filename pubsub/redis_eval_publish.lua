@@ -22,9 +22,9 @@ which tells every old cursor that its replay is truncated. A channel quiet
 for longer than its max age whose B:s expired keeps its epoch: every event
 it held was too old to replay anyway, so no cursor missed anything.
 
-A channel a stream sees before its first event gets its epoch then
-(sse_open_v1): B:m with s 0 and t 0, which the first event continues at
-seq 1. A client's id holds such a channel as <epoch>:0:0, "before the
+A channel an instance's streams see before its first event gets its
+epoch then (sse_open_v1): B:m with s 0 and t 0, which the first event
+continues at seq 1. A client's id holds such a channel as <epoch>:0:0, "before the
 first event of that epoch", so that a history lost while it was away
 (the channel's first events with it) is told as truncated, as any other.
 

@@ -2,6 +2,7 @@ package pubsub
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -100,5 +101,61 @@ func TestRedisEmptyChannelWhoseEpochIsRefused(t *testing.T) {
 	}
 	if log := srv.MustCLI("ACL", "LOG"); !strings.Contains(log, "hset") {
 		t.Fatalf("Redis refused no HSET: %s", log)
+	}
+}
+
+// Streams that join a new channel together wait for its watch's first
+// sync, which starts the channel's epoch for all of them: one call, not
+// one per stream (a ramp over new channels grew the connection pool and
+// doubled its connect p99 with one each).
+func TestRedisNewChannelsEpochIsStartedOnceForItsStreams(t *testing.T) {
+	srv := redistest.Start(t)
+	hub, _ := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: time.Minute})
+	srv.MustCLI("CONFIG", "RESETSTAT")
+	const streams = 50
+	heads := make(chan replay.Position, streams)
+	for range streams {
+		go func() {
+			t.Cleanup(hub.Subscribe(newRedisRecorder(), []string{"a"}).Close)
+			page, err := hub.Read(context.Background(), "a", nil, 0)
+			if err != nil {
+				t.Error(err)
+			}
+			heads <- page.Head
+		}()
+	}
+	first := <-heads
+	for range streams - 1 {
+		if head := <-heads; head != first || head.Epoch == 0 {
+			t.Fatalf("streams started at %+v and %+v, want one epoch", first, head)
+		}
+	}
+	if calls := commandCounts(t, srv, "cmdstat_fcall"); calls[0] != 1 {
+		t.Fatalf("%d streams of a new channel: %d FCALLs, want the one that started its epoch", streams, calls[0])
+	}
+}
+
+// An empty channel whose epoch Redis lost (a flush) while its watch held
+// it gets a new one at the next check: streams that join it later hold a
+// position that a history lost again can be told by.
+func TestRedisWatchStartsALostEmptyEpochAgain(t *testing.T) {
+	srv := redistest.Start(t)
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: 50 * time.Millisecond})
+	follow(t, srv, hub, broker, "a")
+	head := readHead(t, hub, "a")
+	srv.MustCLI("FLUSHALL")
+	deadline := time.Now().Add(redisWait)
+	for {
+		at, ok := broker.watch.delivered(broker.Key("a"))
+		if ok && at.Epoch != 0 && at.Epoch != head.Epoch {
+			if now := srv.MustCLI("HGET", broker.Key("a")+":m", "e"); now != fmt.Sprint(at.Epoch) {
+				t.Fatalf("the watch is at epoch %d, Redis at %q", at.Epoch, now)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the watch is at %+v after the flush, want a new epoch (was %d)", at, head.Epoch)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

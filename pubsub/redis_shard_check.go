@@ -175,6 +175,7 @@ func (s *shard) readHeads(ctx context.Context, c redis.UniversalClient, keys []s
 		}
 	}
 	s.readNewest(ctx, c, r.synced)
+	s.openEmpty(ctx, c, r.synced)
 	return r
 }
 
@@ -249,51 +250,67 @@ func (b *Redis) libraryMended(ctx context.Context, key string, cmds []*redis.Cmd
 // readPipelined runs the library's read on each of keys, with args(i) for
 // keys[i], in one pipeline through c; each command's error is for the
 // caller.
+func (s *shard) readPipelined(ctx context.Context, c redis.UniversalClient, keys []string, args func(i int) []any) []*redis.Cmd {
+	return s.callPipelined(ctx, c, FunctionRead, keys, args)
+}
+
+// callPipelined runs one of the library's functions on each of keys, with
+// args(i) for keys[i], in one pipeline through c; each command's error is
+// for the caller.
 //
-// Where Redis forbids functions the reads are scripts called by digest
+// Where Redis forbids functions the calls are scripts called by digest
 // (EVALSHA_RO): sent with its source (EVAL_RO), each read carried the
 // library's 13.6 KB, and a first sync of 1000 channels sent Redis 13.6 MB
 // and had it hash each copy to find the script. A Redis that does not have
-// the script (a restart, SCRIPT FLUSH) is given it once, and the reads are
-// sent again; with their source if even that fails.
-func (s *shard) readPipelined(ctx context.Context, c redis.UniversalClient, keys []string, args func(i int) []any) []*redis.Cmd {
+// the script (a restart, SCRIPT FLUSH) is given it by the first call, sent
+// with its source (EVAL caches what it runs; SCRIPT LOAD is not in the
+// least-privilege user's grants), and the others are sent again by digest.
+func (s *shard) callPipelined(ctx context.Context, c redis.UniversalClient, function string, keys []string, args func(i int) []any) []*redis.Cmd {
 	if !s.w.b.scriptsOnly.Load() {
-		return sendReads(ctx, c, keys, args, readByFunction)
+		return sendCalls(ctx, c, function, keys, args, callByFunction)
 	}
-	cmds := sendReads(ctx, c, keys, args, readByDigest)
+	cmds := sendCalls(ctx, c, function, keys, args, callByDigest)
 	if !slices.ContainsFunc(cmds, isNoScript) {
 		return cmds
 	}
-	how := readByDigest
-	if err := scripts[FunctionRead].Load(ctx, c).Err(); err != nil {
-		how = readBySource
+	first := sendCalls(ctx, c, function, keys[:1], args, callBySource)
+	if len(keys) == 1 {
+		return first
 	}
-	return sendReads(ctx, c, keys, args, how)
+	rest := func(i int) []any { return args(i + 1) }
+	return append(first, sendCalls(ctx, c, function, keys[1:], rest, callByDigest)...)
 }
 
-// readCall is how a pipeline calls the library's read.
-type readCall int
+// libraryCall is how a pipeline calls one of the library's functions.
+type libraryCall int
 
 const (
-	readByFunction readCall = iota // FCALL_RO
-	readByDigest                   // EVALSHA_RO of its script form
-	readBySource                   // EVAL_RO of its script form
+	callByFunction libraryCall = iota // FCALL, FCALL_RO for the read
+	callByDigest                      // EVALSHA(_RO) of its script form
+	callBySource                      // EVAL(_RO) of its script form
 )
 
-// sendReads runs the library's read on each of keys in one pipeline.
-func sendReads(ctx context.Context, c redis.UniversalClient, keys []string, args func(i int) []any, how readCall) []*redis.Cmd {
+// sendCalls runs function on each of keys in one pipeline: read-only
+// (FCALL_RO, EVALSHA_RO, EVAL_RO) if it is the library's read.
+func sendCalls(ctx context.Context, c redis.UniversalClient, function string, keys []string, args func(i int) []any, how libraryCall) []*redis.Cmd {
 	pipe := c.Pipeline()
 	cmds := make([]*redis.Cmd, len(keys))
-	script := scripts[FunctionRead]
+	script, readOnly := scripts[function], function == FunctionRead
 	for i, key := range keys {
-		declared := functionKeys(FunctionRead, key, nil)
-		switch how {
-		case readByFunction:
-			cmds[i] = pipe.FCallRo(ctx, FunctionRead, declared, args(i)...)
-		case readByDigest:
+		declared := functionKeys(function, key, nil)
+		switch {
+		case how == callByFunction && readOnly:
+			cmds[i] = pipe.FCallRo(ctx, function, declared, args(i)...)
+		case how == callByFunction:
+			cmds[i] = pipe.FCall(ctx, function, declared, args(i)...)
+		case how == callByDigest && readOnly:
 			cmds[i] = script.EvalShaRO(ctx, pipe, declared, args(i)...)
-		default:
+		case how == callByDigest:
+			cmds[i] = script.EvalSha(ctx, pipe, declared, args(i)...)
+		case readOnly:
 			cmds[i] = script.EvalRO(ctx, pipe, declared, args(i)...)
+		default:
+			cmds[i] = script.Eval(ctx, pipe, declared, args(i)...)
 		}
 	}
 	_, _ = pipe.Exec(ctx)
