@@ -482,13 +482,7 @@ func TestMultiChannelReplayIsMergedByTimeInEachChannelsOrder(t *testing.T) {
 // news,alerts was told only news was truncated.)
 func TestCursorOfAnEmptyChannelIsTruncatedWhenTheHistoryIsLost(t *testing.T) {
 	srv := startCaddy(t, replaySite)
-	c := srv.subscribe("/events?channels=a,b", nil)
-	srv.publish("/events", map[string]any{"channel": "a", "data": "a1"})
-	ev := c.next()
-	if ev.Data != "a1" || ev.ID == "" {
-		t.Fatalf("got %+v, want a1 with an id", ev)
-	}
-	c.close()
+	id := idHoldingBEmpty(t, srv, nil)
 	srv.publish("/events", map[string]any{"channel": "b", "data": "lost"})
 	srv.reload(`
 :{PORT} {
@@ -496,9 +490,27 @@ func TestCursorOfAnEmptyChannelIsTruncatedWhenTheHistoryIsLost(t *testing.T) {
 }
 `)
 	srv.reload(replaySite)
-	r := srv.subscribe("/events?channels=a,b", header("Last-Event-ID", ev.ID))
+	r := srv.subscribe("/events?channels=a,b", header("Last-Event-ID", id))
 	if r.resp.Header.Get("X-Replay-Truncated") != "true" {
 		t.Fatal("missing X-Replay-Truncated: true")
 	}
 	assertTruncatedEvent(t, r.next(), "a", "b")
+}
+
+// idHoldingBEmpty has a stream of channels a and b get event a1 and leave,
+// and returns a1's id: it holds b as before its first event. subscribed,
+// if not nil, waits until the hub delivers to the stream.
+func idHoldingBEmpty(t *testing.T, srv *testServer, subscribed func()) string {
+	t.Helper()
+	c := srv.subscribe("/events?channels=a,b", nil)
+	if subscribed != nil {
+		subscribed()
+	}
+	srv.publish("/events", map[string]any{"channel": "a", "data": "a1"})
+	ev := c.next()
+	if ev.Data != "a1" || ev.ID == "" {
+		t.Fatalf("got %+v, want a1 with an id", ev)
+	}
+	c.close()
+	return ev.ID
 }
