@@ -13,17 +13,30 @@ import (
 
 // The head of a channel without events names the epoch its first event
 // will have: a position before that event which a lost history does not
-// have. Each mode the broker calls the library in (functions, scripts).
+// have. Each mode the broker calls the library in (functions, scripts, a
+// cluster's primary of the channel).
 func TestRedisEmptyChannelHeadNamesItsEpoch(t *testing.T) {
-	for name, opts := range map[string]func(*redistest.Server) RedisOptions{
-		"functions": func(srv *redistest.Server) RedisOptions { return RedisOptions{Addrs: []string{srv.Addr()}} },
-		"scripts": func(srv *redistest.Server) RedisOptions {
-			return withoutFunctions(RedisOptions{Addrs: []string{srv.Addr()}}, srv)
+	for name, start := range map[string]func(t *testing.T) (opts RedisOptions, flush func()){
+		"functions": func(t *testing.T) (RedisOptions, func()) {
+			srv := redistest.Start(t)
+			return RedisOptions{Addrs: []string{srv.Addr()}}, func() { srv.MustCLI("FLUSHALL") }
+		},
+		"scripts": func(t *testing.T) (RedisOptions, func()) {
+			srv := redistest.Start(t)
+			return withoutFunctions(RedisOptions{Addrs: []string{srv.Addr()}}, srv), func() { srv.MustCLI("FLUSHALL") }
+		},
+		"cluster": func(t *testing.T) (RedisOptions, func()) {
+			cluster := redistest.StartCluster(t, 3)
+			return RedisOptions{Addrs: cluster.Addrs()}, func() {
+				for _, n := range cluster.Nodes {
+					n.MustCLI("FLUSHALL")
+				}
+			}
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			srv := redistest.Start(t)
-			hub, _ := newRedisHub(t, opts(srv))
+			opts, flush := start(t)
+			hub, _ := newRedisHub(t, opts)
 			ctx := context.Background()
 			head := readHead(t, hub, "a")
 			if head.Epoch == 0 || head.Seq != 0 || head.Time != 0 {
@@ -45,7 +58,7 @@ func TestRedisEmptyChannelHeadNamesItsEpoch(t *testing.T) {
 			if err != nil || page.Truncated || len(page.Events) != 1 || page.Events[0].Pos != first {
 				t.Fatalf("read after the empty head: %+v, %v; want the first event, not truncated", page, err)
 			}
-			srv.MustCLI("FLUSHALL")
+			flush()
 			publishTo(t, hub, "a", "y")
 			page, err = hub.Read(ctx, "a", &head, 10)
 			if err != nil || !page.Truncated || len(page.Events) != 1 {
