@@ -455,10 +455,16 @@ func (s stoppingHook) Handle(_ context.Context, _ caddy.Event) error {
 // config replaces this one.
 func stopReason() string {
 	if caddy.Exiting() {
-		return "shutdown"
+		return reasonShutdown
 	}
-	return "reload"
+	return reasonReload
 }
+
+// The reasons a server_closing gives.
+const (
+	reasonReload   = "reload"
+	reasonShutdown = "shutdown"
+)
 
 // Validate checks the configuration. It is read-only.
 func (h *Handler) Validate() error {

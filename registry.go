@@ -112,15 +112,30 @@ func (r *registry) awaitClosing(timeout time.Duration) {
 }
 
 // closingNotice is the notice a stream opening now would be told, or nil
-// if closing has not begun.
+// if closing has not begun. Such a request reached the config on its way
+// out (the old listening socket is closed a moment after the reload's
+// new config serves): one of a few, not the wave of streams the jitter
+// spreads. On a reload it is told to come back within lateArrivalJitter,
+// as the new config already serves (a page opened during a reload waited
+// up to close_jitter, 5 s by default, for its stream); on a shutdown
+// within the jitter, as the streams were: nothing serves until the next
+// process does.
 func (r *registry) closingNotice() *closeNotice {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed == "" {
 		return nil
 	}
-	return r.notice(r.closed)
+	n := r.notice(r.closed)
+	if r.closed == reasonReload && r.jitter > lateArrivalJitter {
+		n.retry = rand.N(lateArrivalJitter + 1)
+	}
+	return n
 }
+
+// lateArrivalJitter bounds the retry of a request that reaches a config a
+// reload replaced (closingNotice).
+const lateArrivalJitter = time.Second
 
 func (r *registry) notice(reason string) *closeNotice {
 	n := &closeNotice{reason: reason}

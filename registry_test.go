@@ -1,0 +1,36 @@
+package caddysse
+
+import (
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// A request that reaches a config a reload is closing is told to come back
+// within lateArrivalJitter: the new config already serves, and a page opened
+// during a reload waited up to close_jitter (5 s) for its stream. On a
+// shutdown it is spread over close_jitter as the streams are.
+func TestALateArrivalsRetryAfterAReloadIsShort(t *testing.T) {
+	const jitter = 5 * time.Second
+	longest := func(reason string) time.Duration {
+		r := newRegistry(zap.NewNop(), time.Minute, jitter, 0)
+		defer r.stop()
+		r.closeAll(reason)
+		var most time.Duration
+		for range 200 {
+			n := r.closingNotice()
+			if n.reason != reason {
+				t.Fatalf("told %q, want %q", n.reason, reason)
+			}
+			most = max(most, n.retry)
+		}
+		return most
+	}
+	if most := longest(reasonReload); most > lateArrivalJitter {
+		t.Errorf("after a reload a late arrival was told to retry in %v, want at most %v", most, lateArrivalJitter)
+	}
+	if most := longest(reasonShutdown); most <= lateArrivalJitter || most > jitter {
+		t.Errorf("after a shutdown the longest retry of 200 late arrivals was %v, want within close_jitter %v", most, jitter)
+	}
+}
