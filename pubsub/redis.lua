@@ -24,9 +24,10 @@ it held was too old to replay anyway, so no cursor missed anything.
 
 A channel an instance's streams see before its first event gets its
 epoch then (sse_open_v1): B:m with s 0 and t 0, which the first event
-continues at seq 1. A client's id holds such a channel as <epoch>:0:0, "before the
-first event of that epoch", so that a history lost while it was away
-(the channel's first events with it) is told as truncated, as any other.
+continues at seq 1. A client's id holds such a channel as <epoch>:0:0,
+"before the first event of that epoch", so that a history lost while it
+was away (the channel's first events with it) is told as truncated, as
+any other.
 
 FCALL sse_publish_v1 1 <B> <type> <data> [<count> [<max_age_ms> [<max_bytes>]]]
   Appends the event, trims the history to count events / max age / bytes
