@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/caddy-sse/caddy-sse/wire"
 )
 
 // A request that reaches a config a reload is closing is told to come back
@@ -32,5 +34,21 @@ func TestALateArrivalsRetryAfterAReloadIsShort(t *testing.T) {
 	}
 	if most := longest(reasonShutdown); most <= lateArrivalJitter || most > jitter {
 		t.Errorf("after a shutdown the longest retry of 200 late arrivals was %v, want within close_jitter %v", most, jitter)
+	}
+}
+
+// The same through HTTP: a stream request served by the handler of a
+// config a reload replaced (TestReplayAcrossReloadReachingTheOldConfig) is
+// told server_closing with a retry of at most lateArrivalJitter, though
+// that config's close_jitter is the default 5 s.
+func TestAStreamRequestReachingAReplacedConfigRetriesSoon(t *testing.T) {
+	srv := startCaddy(t, replaySite)
+	for range 10 {
+		c := srv.behindAConfigOnItsWayOut(t).subscribe("/events?channels=a", nil)
+		ev := c.next()
+		if ev.Type != wire.TypeServerClosing || time.Duration(ev.Retry)*time.Millisecond > lateArrivalJitter {
+			t.Fatalf("got %+v, want server_closing with a retry of at most %v", ev, lateArrivalJitter)
+		}
+		c.expectEnd()
 	}
 }
