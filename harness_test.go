@@ -406,7 +406,15 @@ func (c *sseClient) nextData(n int) []string {
 	c.t.Helper()
 	out := make([]string, 0, n)
 	for range n {
-		out = append(out, c.next().Data)
+		select {
+		case ev, ok := <-c.events:
+			if !ok {
+				c.t.Fatalf("stream ended after %q while %d events were expected (%s)", out, n, c.ended)
+			}
+			out = append(out, ev.Data)
+		case <-time.After(waitFor):
+			c.t.Fatalf("no event within the deadline after %q (%d expected)", out, n)
+		}
 	}
 	return out
 }
