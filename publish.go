@@ -104,7 +104,8 @@ func (h *Handler) authorized(r *http.Request) bool {
 // failed (and the ids of those that were published).
 func (h *Handler) publishAll(ctx context.Context, req *publishRequest, tokens pubsub.Message) (*publishReply, *errorBody) {
 	reply := &publishReply{IDs: make(map[string]string, len(req.channels))}
-	msg := pubsub.Message{Type: req.event, Data: req.data, Once: tokens.Once, Token: tokens.Token}
+	msg := pubsub.Message{Type: req.event, Data: req.data, Once: tokens.Once, Token: tokens.Token,
+		TokenRequired: len(req.channels) > 1}
 	if h.Fallback == fallbackLocal {
 		ctx = pubsub.WithFallbackLocal(ctx)
 	}

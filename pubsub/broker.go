@@ -33,6 +33,14 @@ type Message struct {
 	// the retry publishes nothing twice, even where the failed call reached
 	// Redis and its answer was lost.
 	Token string
+	// TokenRequired makes a publish with Token keep it while the channel's
+	// slot migrates (a Redis Cluster reshard), as a publish with Once
+	// does: it waits for the slot's keys to move, or fails, rather than
+	// go without it. A request to several channels needs it: if it fails
+	// on one, its retry publishes again on every other one that went
+	// without its token. Others may go without: their token only serves
+	// the retry of a call whose answer was lost.
+	TokenRequired bool
 }
 
 // DeliverFunc receives every event of a channel that this instance watches,

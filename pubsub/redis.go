@@ -179,6 +179,7 @@ func (b *Redis) PublishCounted(ctx context.Context, channel string, msg Message,
 	// and a stalled Redis runs every copy it finds in its sockets once it
 	// resumes: the token, the same in every copy, makes them one publish
 	token, ttl := msg.Once, b.opts.publishOnceTTL()
+	keyed := msg.Once != "" || (msg.TokenRequired && msg.Token != "")
 	switch {
 	case token == "" && msg.Token != "":
 		token = msg.Token
@@ -199,12 +200,12 @@ func (b *Redis) PublishCounted(ctx context.Context, channel string, msg Message,
 			err = ctx.Err()
 		}
 	case b.opts.WaitReplicas > 0:
-		reply, err = b.publishAndWait(ctx, key, args)
+		reply, err = b.publishAndWait(ctx, key, args, keyed)
 	default:
 		stop := b.watchStall()
 		reply, err = b.call(ctx, key, FunctionPublishCounted, false, args...)
 		stop(err)
-		reply, err = b.publishWhileMigrating(ctx, key, args, reply, err)
+		reply, err = b.publishWhileMigrating(ctx, key, args, keyed, reply, err)
 	}
 	if err != nil {
 		if (b.opts.FallbackLocal || fallbackLocalFrom(ctx)) && isUnavailable(err) {
@@ -248,19 +249,22 @@ func redisLimits(lim replay.Limits) replay.Limits {
 // this follows a reshard or failover itself, as publishWhileMigrating
 // does: to where MOVED or ASK sends it, and without the token while Redis
 // answers TRYAGAIN (the token's key cannot be made while the slot
-// migrates).
-func (b *Redis) publishAndWait(ctx context.Context, key string, args []any) (any, error) {
+// migrates) unless keyed.
+func (b *Redis) publishAndWait(ctx context.Context, key string, args []any, keyed bool) (any, error) {
 	node, err := b.nodeFor(ctx, key)
 	if err != nil {
 		return nil, b.unavailable(err)
 	}
-	function, asking := FunctionPublishCounted, false
+	function, asking, attempts := FunctionPublishCounted, false, 5
+	if keyed {
+		attempts = keyedMigrationAttempts + 1
+	}
 	var pause migrationPause
 	for attempt := 0; ; attempt++ {
 		reply, err := b.publishAndWaitOn(ctx, node, key, function, asking, args)
 		to, moved := movedTo(err)
 		switch {
-		case b.cluster == nil || attempt == 5 || (!moved && !isTryAgain(err)):
+		case b.cluster == nil || attempt == attempts || (!moved && !isTryAgain(err)):
 			return reply, err
 		case moved:
 			// nothing else may tell this instance (it may follow no
@@ -280,7 +284,7 @@ func (b *Redis) publishAndWait(ctx context.Context, key string, args []any) (any
 				defer tmp.Close()
 				node = tmp
 			}
-		case function == FunctionPublishCounted:
+		case function == FunctionPublishCounted && !keyed:
 			function, args = FunctionPublishV2, args[2:]
 		default: // the keys are being moved: try again in a moment
 			if !pause.wait(ctx) {
@@ -567,19 +571,35 @@ func (b *Redis) loadWhenBack(addr string, err error) {
 // but for the moment MIGRATE moves them, and a redirect may come back
 // while it does (ASK): neither ran anything, so the publish is tried again,
 // a few times.
-func (b *Redis) publishWhileMigrating(ctx context.Context, key string, args []any, reply any, err error) (any, error) {
+//
+// A keyed publish (Once, or TokenRequired: an Idempotency-Key's, or one of
+// a request to several channels) keeps its token, and waits for the slot's
+// keys to move for a little longer: without the token, the retry of its
+// request under its key would publish the event a second time. If they
+// are still moving it fails (503), and its request is retried.
+func (b *Redis) publishWhileMigrating(ctx context.Context, key string, args []any, keyed bool, reply any, err error) (any, error) {
+	function, attempts := FunctionPublishV2, 4
+	if keyed {
+		function, attempts = FunctionPublishCounted, keyedMigrationAttempts
+	} else {
+		args = args[2:]
+	}
 	var pause migrationPause
-	for range 4 {
+	for range attempts {
 		if !isTryAgain(err) && !isMoved(err) {
 			break
 		}
-		reply, err = b.call(ctx, key, FunctionPublishV2, false, args[2:]...)
+		reply, err = b.call(ctx, key, function, false, args...)
 		if (isTryAgain(err) || isMoved(err)) && !pause.wait(ctx) {
 			return reply, err
 		}
 	}
 	return reply, err
 }
+
+// keyedMigrationAttempts is how many times a keyed publish is tried again
+// while its slot migrates: 5 ms to 640 ms apart, 1.3 s in all.
+const keyedMigrationAttempts = 8
 
 // migrationPause spaces the attempts of a publish while its slot migrates:
 // 5 ms, then twice as long each time (the keys of one slot move in
