@@ -415,3 +415,36 @@ func expectCaughtUpThenLive(t *testing.T, srv *testServer, rds *redistest.Server
 		t.Fatalf("live on %s once Redis accepted it: %+v, want %q", channel, ev, live)
 	}
 }
+
+// A stream that waits for a refused channel and whose other channel's
+// replay is truncated opens with sse_truncated, its first event as for any
+// stream (SPEC S5), then sse_degraded naming the refused channel, then the
+// replay. sse_degraded came first: a client that looks for the truncation
+// in the first event missed it.
+func TestRedisStreamWaitingForARefusedChannelToldTruncatedFirst(t *testing.T) {
+	rds := redistest.Start(t)
+	rds.MustCLI("ACL", "SETUSER", "app", "on", ">pw", "~sse:*", "+@all", "resetchannels",
+		"&sse:{a}", "&sse:{b}", "&sse:{sse,throttles}")
+	srv := startACLCaddy(t, aclSite(rds))
+	c := srv.subscribe("/events?channels=a,b", nil)
+	rds.WaitShardSubscribers(t, "sse:{a}", 1)
+	rds.WaitShardSubscribers(t, "sse:{b}", 1)
+	srv.publish("/events", map[string]any{"channel": "a", "data": "a1"})
+	cursor := expectData(t, c, "a1")[0].ID
+	c.close()
+	rds.WaitShardSubscribers(t, "sse:{b}", 0)
+	rds.MustCLI("ACL", "SETUSER", "app", "resetchannels", "&sse:{a}", "&sse:{sse,throttles}")
+	for _, data := range []string{"a2", "a3", "a4"} { // a history of 2: a's replay is truncated
+		rds.MustCLI("FCALL", "sse_publish_v1", "1", "sse:{a}", "", data, "2")
+	}
+
+	c = srv.subscribe("/events?channels=a,b", header("Last-Event-ID", cursor))
+	if c.resp.Header.Get("X-Replay-Truncated") != "true" {
+		t.Fatal("no X-Replay-Truncated header")
+	}
+	assertTruncatedEvent(t, c.next(), "a")
+	if ev := c.next(); ev.Type != "sse_degraded" || ev.Data != `{"channels":["b"]}` {
+		t.Fatalf("second event %+v, want sse_degraded naming b", ev)
+	}
+	expectData(t, c, "a3", "a4")
+}

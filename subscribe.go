@@ -475,13 +475,21 @@ func (s *stream) open(ctx context.Context, sp startingPoint) error {
 	if s.closing.Load() != nil {
 		return nil // closing already: run tells the client at once
 	}
-	if s.degraded.Load() {
-		if err := s.writeDegraded(); err != nil || s.pendingSlots() == nil {
-			return err
-		}
-		// its other channels start now
+	if !s.degraded.Load() {
+		return s.writeStart(sp, idGiven)
 	}
-	return s.writeStart(sp, idGiven)
+	if s.pendingSlots() == nil {
+		return s.writeDegraded()
+	}
+	// its other channels start now; their truncation is told first (SPEC
+	// S5: the first event of the stream), then which channels wait
+	if err := s.writeTruncated(sp.truncated); err != nil {
+		return err
+	}
+	if err := s.writeDegraded(); err != nil {
+		return err
+	}
+	return s.writeReplayOf(sp, idGiven)
 }
 
 // writeStart writes the truncation notice and the replay of a starting
@@ -495,13 +503,24 @@ func (s *stream) open(ctx context.Context, sp startingPoint) error {
 // come without a cursor), losing what was published meanwhile, as a stream
 // that opens with its positions no longer does.
 func (s *stream) writeStart(sp startingPoint, idGiven bool) error {
-	if len(sp.truncated) > 0 {
-		data, _ := json.Marshal(map[string][]string{"channels": sp.truncated})
-		s.buf = wire.AppendEnd(wire.AppendEvent(s.buf[:0], wire.TypeTruncated, data))
-		if err := s.out.Write(s.buf); err != nil {
-			return err
-		}
+	if err := s.writeTruncated(sp.truncated); err != nil {
+		return err
 	}
+	return s.writeReplayOf(sp, idGiven)
+}
+
+// writeTruncated writes the truncation notice of channels, if any.
+func (s *stream) writeTruncated(channels []string) error {
+	if len(channels) == 0 {
+		return nil
+	}
+	data, _ := json.Marshal(map[string][]string{"channels": channels})
+	s.buf = wire.AppendEnd(wire.AppendEvent(s.buf[:0], wire.TypeTruncated, data))
+	return s.out.Write(s.buf)
+}
+
+// writeReplayOf is writeStart after the truncation notice.
+func (s *stream) writeReplayOf(sp startingPoint, idGiven bool) error {
 	replayed, err := s.writeReplay(sp.pages)
 	if err != nil {
 		if errors.Is(err, errClosing) {
