@@ -51,6 +51,13 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, rej *rejection,
 	if retryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.FormatInt(wholeSeconds(retryAfter), 10))
 	}
+	if rej.status == http.StatusUnauthorized {
+		// RFC 9110: a 401 carries a challenge. The module does not know how
+		// a subscriber's principal is authenticated (a token, a cookie an
+		// auth module reads); Bearer is the publish's, and no browser
+		// prompts for it
+		w.Header().Set("WWW-Authenticate", `Bearer realm="sse"`)
+	}
 	discardUnreadBody(w, r)
 	inStream := h.inStream(r, rej)
 	h.metrics.rejection(rej.code)

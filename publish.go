@@ -31,7 +31,6 @@ type publishReply struct {
 // Idempotency-Key.
 func (h *Handler) publish(w http.ResponseWriter, r *http.Request) error {
 	if !h.authorized(r) {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="sse"`)
 		return h.reject(w, r, &rejection{status: http.StatusUnauthorized, code: "unauthorized", detail: "missing or wrong bearer secret"}, 0)
 	}
 	req, rej := h.readPublish(w, r)

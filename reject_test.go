@@ -53,6 +53,9 @@ func assertError(t *testing.T, resp *http.Response, status int, code string) {
 	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
 		t.Errorf("Content-Type %q, want application/json", ct)
 	}
+	if status == http.StatusUnauthorized && resp.Header.Get("WWW-Authenticate") == "" {
+		t.Errorf("401 %s without WWW-Authenticate (RFC 9110: a 401 carries a challenge)", code)
+	}
 	var out struct {
 		Error string `json:"error"`
 	}
@@ -296,9 +299,6 @@ func TestPublishRejections(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			resp := do(t, http.MethodPost, srv.base+"/events", tc.hdr, tc.body)
-			if tc.status == 401 && resp.Header.Get("WWW-Authenticate") == "" {
-				t.Error("401 without WWW-Authenticate")
-			}
 			assertError(t, resp, tc.status, tc.code)
 		})
 	}
