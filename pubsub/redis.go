@@ -208,7 +208,10 @@ func (b *Redis) PublishCounted(ctx context.Context, channel string, msg Message,
 		reply, err = b.publishWhileMigrating(ctx, key, args, keyed, reply, err)
 	}
 	if err != nil {
-		if (b.opts.FallbackLocal || fallbackLocalFrom(ctx)) && isUnavailable(err) {
+		// a slot that is still migrating (TRYAGAIN) is Redis answering
+		// "not yet", not Redis out of reach: the publish fails (503) and is
+		// retried, rather than reach this instance's streams alone
+		if (b.opts.FallbackLocal || fallbackLocalFrom(ctx)) && isUnavailable(err) && !isTryAgain(err) {
 			return b.local.publish(channel, msg, b.deliver), false, nil
 		}
 		return replay.Position{}, false, err

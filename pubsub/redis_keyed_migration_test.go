@@ -24,6 +24,10 @@ func TestKeyedPublishWhileTheSlotMigratesPublishesOnce(t *testing.T) {
 		return o
 	}
 	same := func(o RedisOptions) RedisOptions { return o }
+	fallbackLocal := func(o RedisOptions) RedisOptions {
+		o.FallbackLocal = true
+		return o
+	}
 	for i, tc := range []struct {
 		name   string
 		opts   func(RedisOptions) RedisOptions
@@ -33,6 +37,8 @@ func TestKeyedPublishWhileTheSlotMigratesPublishesOnce(t *testing.T) {
 		{"once", same, Message{Data: []byte("paid"), Once: "key-1"}, true},
 		{"required token", same, Message{Data: []byte("paid"), Token: "key-1", TokenRequired: true}, true},
 		{"once, wait replicas", waitReplicas, Message{Data: []byte("paid"), Once: "key-1"}, true},
+		// Redis answers: the publish is not delivered to this instance alone
+		{"once, fallback local", fallbackLocal, Message{Data: []byte("paid"), Once: "key-1"}, true},
 		{"token", same, Message{Data: []byte("paid"), Token: "key-1"}, false},
 		{"token, wait replicas", waitReplicas, Message{Data: []byte("paid"), Token: "key-1"}, false},
 	} {
