@@ -55,6 +55,11 @@ func functionKeys(function, base string, args []any) []string {
 	return []string{base}
 }
 
+// readOnly reports whether function is called read-only (FCALL_RO,
+// EVALSHA_RO, EVAL_RO): the library's read, its one function flagged
+// no-writes.
+func readOnly(function string) bool { return function == FunctionRead }
+
 // RedisFunctions returns the source of the function library, for users
 // who load it themselves.
 func RedisFunctions() string { return redisFunctions }
@@ -203,7 +208,7 @@ func (b *Redis) PublishCounted(ctx context.Context, channel string, msg Message,
 		reply, err = b.publishAndWait(ctx, key, args, keyed)
 	default:
 		stop := b.watchStall()
-		reply, err = b.call(ctx, key, FunctionPublishCounted, false, args...)
+		reply, err = b.call(ctx, key, FunctionPublishCounted, args...)
 		stop(err)
 		reply, err = b.publishWhileMigrating(ctx, key, args, keyed, reply, err)
 	}
@@ -383,7 +388,7 @@ func (b *Redis) warnBad(channel string) {
 const maxBadWarned = 1024
 
 func (b *Redis) read(ctx context.Context, key string, after *replay.Position, limit int) (replay.Page, int, error) {
-	reply, err := b.call(ctx, key, FunctionRead, true, readArgs(limit, after)...)
+	reply, err := b.call(ctx, key, FunctionRead, readArgs(limit, after)...)
 	if err != nil {
 		return replay.Page{}, 0, err
 	}
@@ -401,16 +406,16 @@ func readArgs(limit int, after *replay.Position) []any {
 
 // call runs one of the library's functions on the primary of key, loading
 // the library there first if Redis says it is missing.
-func (b *Redis) call(ctx context.Context, key, function string, readOnly bool, args ...any) (any, error) {
-	reply, err := b.run(ctx, b.client, key, function, readOnly, args...)
+func (b *Redis) call(ctx context.Context, key, function string, args ...any) (any, error) {
+	reply, err := b.run(ctx, b.client, key, function, args...)
 	if b.mended(err, func() error { return b.loadFunctions(ctx, key) }) {
-		reply, err = b.run(ctx, b.client, key, function, readOnly, args...)
+		reply, err = b.run(ctx, b.client, key, function, args...)
 	}
 	if isFunctionMissing(err) && b.cluster != nil {
 		// redirected (ASK) to a primary importing the slot, whose load
 		// loadFunctions did not wait for
 		b.loadOnEveryPrimary(ctx)
-		reply, err = b.fcall(ctx, b.client, key, function, readOnly, args...)
+		reply, err = b.fcall(ctx, b.client, key, function, args...)
 	}
 	return reply, b.classify(err)
 }
@@ -426,7 +431,7 @@ func (b *Redis) callOn(ctx context.Context, conn *redis.Conn, node *redis.Client
 				return nil, err
 			}
 		}
-		return b.run(ctx, conn, key, function, false, args...)
+		return b.run(ctx, conn, key, function, args...)
 	}
 	reply, err := attempt()
 	if b.mended(err, func() error { return b.loadOn(ctx, node) }) {
@@ -437,11 +442,11 @@ func (b *Redis) callOn(ctx context.Context, conn *redis.Conn, node *redis.Client
 
 // run calls a function of the library through c, or runs its script form
 // once Redis has refused functions (useScripts).
-func (b *Redis) run(ctx context.Context, c scriptCaller, key, function string, readOnly bool, args ...any) (any, error) {
+func (b *Redis) run(ctx context.Context, c scriptCaller, key, function string, args ...any) (any, error) {
 	if b.scriptsOnly.Load() {
-		return runScript(ctx, c, key, function, readOnly, args...)
+		return runScript(ctx, c, key, function, args...)
 	}
-	return b.fcall(ctx, c, key, function, readOnly, args...)
+	return b.fcall(ctx, c, key, function, args...)
 }
 
 // mended reports whether a call of the library that failed with err may be
@@ -474,9 +479,9 @@ type fcaller interface {
 	FCallRo(ctx context.Context, function string, keys []string, args ...any) *redis.Cmd
 }
 
-func (b *Redis) fcall(ctx context.Context, c fcaller, key, function string, readOnly bool, args ...any) (any, error) {
+func (b *Redis) fcall(ctx context.Context, c fcaller, key, function string, args ...any) (any, error) {
 	keys := functionKeys(function, key, args)
-	if readOnly {
+	if readOnly(function) {
 		return c.FCallRo(ctx, function, keys, args...).Result()
 	}
 	return c.FCall(ctx, function, keys, args...).Result()
@@ -592,7 +597,7 @@ func (b *Redis) publishWhileMigrating(ctx context.Context, key string, args []an
 		if !isTryAgain(err) && !isMoved(err) {
 			break
 		}
-		reply, err = b.call(ctx, key, function, false, args...)
+		reply, err = b.call(ctx, key, function, args...)
 		if (isTryAgain(err) || isMoved(err)) && !pause.wait(ctx) {
 			return reply, err
 		}

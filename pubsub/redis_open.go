@@ -68,7 +68,7 @@ func (b *Redis) namedHead(ctx context.Context, channel, key string, head replay.
 	if head != (replay.Position{}) || channel == throttleChannel || time.Now().UnixNano() < b.unopenedUntil.Load() {
 		return head
 	}
-	reply, err := b.call(ctx, key, FunctionOpen, false)
+	reply, err := b.call(ctx, key, FunctionOpen)
 	if head, err = openedHead(reply, err); err != nil {
 		b.warnUnopened(channel, err)
 		return replay.Position{}

@@ -48,9 +48,9 @@ var scripts = map[string]*redis.Script{
 
 // runScript runs a function's script form (EVALSHA, or EVAL if Redis does
 // not have it cached).
-func runScript(ctx context.Context, c redis.Scripter, key, function string, readOnly bool, args ...any) (any, error) {
+func runScript(ctx context.Context, c redis.Scripter, key, function string, args ...any) (any, error) {
 	s, keys := scripts[function], functionKeys(function, key, args)
-	if readOnly {
+	if readOnly(function) {
 		return s.RunRO(ctx, c, keys, args...).Result()
 	}
 	return s.Run(ctx, c, keys, args...).Result()

@@ -290,24 +290,24 @@ const (
 	callBySource                      // EVAL(_RO) of its script form
 )
 
-// sendCalls runs function on each of keys in one pipeline: read-only
-// (FCALL_RO, EVALSHA_RO, EVAL_RO) if it is the library's read.
+// sendCalls runs function on each of keys in one pipeline, read-only
+// (FCALL_RO, EVALSHA_RO, EVAL_RO) if it is (readOnly).
 func sendCalls(ctx context.Context, c redis.UniversalClient, function string, keys []string, args func(i int) []any, how libraryCall) []*redis.Cmd {
 	pipe := c.Pipeline()
 	cmds := make([]*redis.Cmd, len(keys))
-	script, readOnly := scripts[function], function == FunctionRead
+	script, ro := scripts[function], readOnly(function)
 	for i, key := range keys {
 		declared := functionKeys(function, key, nil)
 		switch {
-		case how == callByFunction && readOnly:
+		case how == callByFunction && ro:
 			cmds[i] = pipe.FCallRo(ctx, function, declared, args(i)...)
 		case how == callByFunction:
 			cmds[i] = pipe.FCall(ctx, function, declared, args(i)...)
-		case how == callByDigest && readOnly:
+		case how == callByDigest && ro:
 			cmds[i] = script.EvalShaRO(ctx, pipe, declared, args(i)...)
 		case how == callByDigest:
 			cmds[i] = script.EvalSha(ctx, pipe, declared, args(i)...)
-		case readOnly:
+		case ro:
 			cmds[i] = script.EvalRO(ctx, pipe, declared, args(i)...)
 		default:
 			cmds[i] = script.Eval(ctx, pipe, declared, args(i)...)
