@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -28,25 +27,19 @@ func TestAPublishToAMigratingSlotIsRetriedOnceUnderItsOfferedKey(t *testing.T) {
 	for _, ch := range []string{moving, hung} {
 		srv.publish("/events", map[string]any{"channel": ch, "data": "before"})
 	}
-	slot := strconv.Itoa(redistest.SlotOf(moving))
-	to.MustCLI("CLUSTER", "SETSLOT", slot, "IMPORTING", from.NodeID())
-	from.MustCLI("CLUSTER", "SETSLOT", slot, "MIGRATING", to.NodeID())
-
 	body := mustJSON(t, map[string]any{"channel": []string{moving, hung}, "data": "once"})
-	hungNode.Pause()
-	status, reply := srv.post("/events", "application/json", body, nil)
-	hungNode.Resume()
 	var failure errorBody
-	if err := json.Unmarshal(reply, &failure); err != nil || status != http.StatusServiceUnavailable || failure.IdempotencyKey == "" {
-		t.Fatalf("publish while a slot migrates and a primary hangs: %d %s, want 503 offering a key", status, reply)
-	}
-
-	keys := strings.Fields(from.MustCLI("CLUSTER", "GETKEYSINSLOT", slot, "100"))
-	from.MustCLI(append([]string{"MIGRATE", "127.0.0.1", strconv.Itoa(to.Port), "", "0", "5000", "KEYS"}, keys...)...)
-	for _, n := range cluster.Nodes {
-		n.MustCLI("CLUSTER", "SETSLOT", slot, "NODE", to.NodeID())
-	}
-	cluster.WaitOK(t)
+	cluster.MigrateSlotByHand(t, redistest.SlotOf(moving), from, to, func(phase string) {
+		if phase != "migrating" {
+			return
+		}
+		hungNode.Pause()
+		status, reply := srv.post("/events", "application/json", body, nil)
+		hungNode.Resume()
+		if err := json.Unmarshal(reply, &failure); err != nil || status != http.StatusServiceUnavailable || failure.IdempotencyKey == "" {
+			t.Fatalf("publish while a slot migrates and a primary hangs: %d %s, want 503 offering a key", status, reply)
+		}
+	})
 	retryUnderKey(t, srv, body, failure.IdempotencyKey)
 	for ch, node := range map[string]*redistest.Server{moving: to, hung: hungNode} {
 		eventually(t, "the hung primary runs the call it held", func() bool {

@@ -50,7 +50,7 @@ func TestKeyedPublishWhileTheSlotMigratesPublishesOnce(t *testing.T) {
 			to := otherPrimary(cluster, from)
 			publishTo(t, hub, channel, "before")
 			moved := false
-			migrateSlotByHand(t, cluster, slot, from, to, func(phase string) {
+			cluster.MigrateSlotByHand(t, slot, from, to, func(phase string) {
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				defer cancel()
 				_, repeat, err := hub.PublishCounted(ctx, channel, tc.msg, testLimits)

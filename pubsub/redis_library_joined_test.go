@@ -37,7 +37,7 @@ func publishWhileMigratingToAPrimaryJustAdded(t *testing.T, opts RedisOptions) {
 	from := cluster.NodeOfSlot(t, slot)
 	publishTo(t, pub, channel, "before") // the library is loaded on every primary there is
 	spare := addEmptyPrimary(t, cluster)
-	migrateSlotByHand(t, cluster, slot, from, spare, func(phase string) {
+	cluster.MigrateSlotByHand(t, slot, from, spare, func(phase string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if _, err := pub.Publish(ctx, channel, Message{Data: []byte(phase)}, testLimits); err != nil {

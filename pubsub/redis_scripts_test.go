@@ -120,7 +120,7 @@ func TestRedisWithoutFunctionsPublishesWhileTheSlotMigrates(t *testing.T) {
 	from := cluster.NodeOfSlot(t, slot)
 	to := otherPrimary(cluster, from)
 	publishTo(t, hub, channel, "before")
-	migrateSlotByHand(t, cluster, slot, from, to, func(phase string) {
+	cluster.MigrateSlotByHand(t, slot, from, to, func(phase string) {
 		if phase != "migrating" {
 			return
 		}

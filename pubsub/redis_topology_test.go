@@ -153,39 +153,6 @@ func checkDeliveredExactly(t *testing.T, rec *redisRecorder, acked []replay.Posi
 	}
 }
 
-// migrateSlotByHand moves slot from one primary to another the way
-// redis-cli --cluster reshard and every operator tool do it (SETSLOT
-// IMPORTING / MIGRATING, MIGRATE the keys, SETSLOT NODE everywhere), with
-// during(phase) called after each step. It reports a MIGRATE refused
-// because the target already holds keys of the slot (and then migrates
-// with REPLACE, what --cluster-replace does).
-func migrateSlotByHand(t *testing.T, cluster *redistest.Cluster, slot int, from, to *redistest.Server, during func(phase string)) {
-	t.Helper()
-	fromID, toID := from.NodeID(), to.NodeID()
-	slotArg := strconv.Itoa(slot)
-	to.MustCLI("CLUSTER", "SETSLOT", slotArg, "IMPORTING", fromID)
-	from.MustCLI("CLUSTER", "SETSLOT", slotArg, "MIGRATING", toID)
-	during("migrating") // the operator's tool lists and moves keys meanwhile
-	keys := strings.Fields(from.MustCLI("CLUSTER", "GETKEYSINSLOT", slotArg, "10000"))
-	if len(keys) > 0 {
-		args := append([]string{"MIGRATE", "127.0.0.1", strconv.Itoa(to.Port), "", "0", "5000", "KEYS"}, keys...)
-		out, _ := from.CLI(args...)
-		if out != "OK" {
-			t.Errorf("MIGRATE of the slot's keys refused: %q (the target already holds keys of the channel: publishes during MIGRATING ran there, on an empty history)", out)
-			args = append([]string{"MIGRATE", "127.0.0.1", strconv.Itoa(to.Port), "", "0", "5000", "REPLACE", "KEYS"}, keys...)
-			if out, _ := from.CLI(args...); out != "OK" {
-				t.Fatalf("MIGRATE REPLACE: %q", out)
-			}
-		}
-	}
-	during("migrated")
-	for _, n := range cluster.Nodes {
-		n.MustCLI("CLUSTER", "SETSLOT", slotArg, "NODE", toID)
-	}
-	cluster.WaitOK(t)
-	during("moved")
-}
-
 func otherPrimary(cluster *redistest.Cluster, not *redistest.Server) *redistest.Server {
 	for _, n := range cluster.Nodes {
 		if n != not {
@@ -210,7 +177,7 @@ func TestPublishDuringMigrationToAPrimaryWithoutTheLibrary(t *testing.T) {
 	from := cluster.NodeOfSlot(t, slot)
 	to := otherPrimary(cluster, from)
 	publishTo(t, pub, channel, "before")
-	migrateSlotByHand(t, cluster, slot, from, to, func(phase string) {
+	cluster.MigrateSlotByHand(t, slot, from, to, func(phase string) {
 		if phase == "moved" {
 			return
 		}
@@ -236,7 +203,7 @@ func TestManualSlotMigrationUnderLoad(t *testing.T) {
 
 	p := startSteadyPublisher(pub, channel)
 	p.waitMore(t, 20)
-	migrateSlotByHand(t, cluster, slot, from, to, func(phase string) {
+	cluster.MigrateSlotByHand(t, slot, from, to, func(phase string) {
 		if failed, err := p.waitAttempts(t, 20); failed > 0 {
 			t.Errorf("while the slot is %s: %d of 20 publishes failed, last: %v", phase, failed, err)
 		}
@@ -269,7 +236,7 @@ func TestReplayWhileTheSlotIsMigrating(t *testing.T) {
 	first := publishTo(t, hub, channel, "1")
 	publishTo(t, hub, channel, "2")
 	publishTo(t, hub, channel, "3")
-	migrateSlotByHand(t, cluster, slot, from, to, func(phase string) {
+	cluster.MigrateSlotByHand(t, slot, from, to, func(phase string) {
 		if phase != "migrating" {
 			return
 		}
@@ -433,7 +400,7 @@ func TestWaitReplicasPublishFollowsAMovedSlot(t *testing.T) {
 			pub, _ := newRedisHub(t, RedisOptions{Addrs: cluster.Addrs(), WaitReplicas: wait, WaitTimeout: 50 * time.Millisecond})
 			publishTo(t, pub, channel, "before")
 			from := cluster.NodeOfSlot(t, slot)
-			migrateSlotByHand(t, cluster, slot, from, otherPrimary(cluster, from), func(string) {})
+			cluster.MigrateSlotByHand(t, slot, from, otherPrimary(cluster, from), func(string) {})
 			// a publisher retries a failed publish; it must not fail for long
 			began := time.Now()
 			failed := 0
@@ -553,7 +520,7 @@ func TestWaitReplicasPublishesWhileTheSlotMigrates(t *testing.T) {
 	from := cluster.NodeOfSlot(t, slot)
 	to := otherPrimary(cluster, from)
 	publishTo(t, hub, channel, "before")
-	migrateSlotByHand(t, cluster, slot, from, to, func(phase string) {
+	cluster.MigrateSlotByHand(t, slot, from, to, func(phase string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if _, err := hub.Publish(ctx, channel, Message{Data: []byte(phase)}, testLimits); err != nil {
@@ -584,7 +551,7 @@ func TestCheckOfAChannelWhoseKeysMigratedDoesNotResubscribeInALoop(t *testing.T)
 	publishTo(t, pub, channel, "before")
 	rec.waitFor(t, 0, 1)
 
-	migrateSlotByHand(t, cluster, slot, from, to, func(phase string) {
+	cluster.MigrateSlotByHand(t, slot, from, to, func(phase string) {
 		if phase != "migrated" {
 			return
 		}
@@ -640,7 +607,7 @@ func TestShardOfAPrimaryThatServesSlotsAgainAfterAMinute(t *testing.T) {
 	key := "sse:{" + channel + "}"
 	home := cluster.NodeOfSlot(t, slot)
 	noop := func(string) {}
-	migrateSlotByHand(t, cluster, slot, home, spare, noop)
+	cluster.MigrateSlotByHand(t, slot, home, spare, noop)
 	opts := RedisOptions{Addrs: cluster.Addrs(), CheckInterval: 300 * time.Millisecond}
 	pub, _ := newRedisHub(t, opts)
 	sub, subBroker := newRedisHub(t, opts)
@@ -648,13 +615,13 @@ func TestShardOfAPrimaryThatServesSlotsAgainAfterAMinute(t *testing.T) {
 	publishTo(t, pub, channel, "on the spare")
 	rec.waitFor(t, 0, 1)
 
-	migrateSlotByHand(t, cluster, slot, spare, home, noop)
+	cluster.MigrateSlotByHand(t, slot, spare, home, noop)
 	home.WaitShardSubscribers(t, key, 1)
 	publishTo(t, pub, channel, "home")
 	rec.waitFor(t, 0, 2)
 	time.Sleep(65 * time.Second) // go-redis closes the spare's client
 
-	migrateSlotByHand(t, cluster, slot, home, spare, noop)
+	cluster.MigrateSlotByHand(t, slot, home, spare, noop)
 	spare.WaitShardSubscribers(t, key, 1)
 	publishTo(t, pub, channel, "on the spare again")
 	rec.waitFor(t, 0, 3)
@@ -728,7 +695,7 @@ func TestRefusalAfterAMovedSubscriptionIsHeldAgainstTheRefusedChannel(t *testing
 
 	// The slot of a channel this instance does not follow yet moves away:
 	// its subscription goes to the old primary, which answers MOVED.
-	migrateSlotByHand(t, cluster, 2, from, otherPrimary(cluster, from), func(string) {})
+	cluster.MigrateSlotByHand(t, 2, from, otherPrimary(cluster, from), func(string) {})
 	refusedAgain := broker.deniedSignal()
 	t.Cleanup(hub.Subscribe(newRedisRecorder(), []string{moving}).Close)
 	select {
@@ -780,7 +747,7 @@ func TestAMovedSlotLeavesTheOtherChannelsOfItsPrimarySubscribed(t *testing.T) {
 	waitSynced(t, subBroker, moving)
 	before := ssubscribes(from)
 
-	migrateSlotByHand(t, cluster, 1, from, to, func(string) {})
+	cluster.MigrateSlotByHand(t, 1, from, to, func(string) {})
 	to.WaitShardSubscribers(t, "sse:{"+moving+"}", 1)
 	publishTo(t, pub, moving, "moved")
 	movingRec.waitFor(t, 0, 1)
@@ -824,7 +791,7 @@ func heldShardAfterAMove(t *testing.T) (sub *Hub, broker *Redis, s *shard, leavi
 	s = broker.watch.shardOf(from.Addr())
 	publishTo(t, pub, held, "holds the receive loop")
 	blocker.waitHeld(t, "the receive loop")
-	migrateSlotByHand(t, cluster, 1, from, otherPrimary(cluster, from), func(string) {})
+	cluster.MigrateSlotByHand(t, 1, from, otherPrimary(cluster, from), func(string) {})
 	return sub, broker, s, leaving, blocker.openUp
 }
 

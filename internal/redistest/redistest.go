@@ -313,6 +313,39 @@ func (c *Cluster) NodeOfSlot(t testing.TB, slot int) *Server {
 	return nil
 }
 
+// MigrateSlotByHand moves slot from one primary to another the way
+// redis-cli --cluster reshard and every operator tool do it (SETSLOT
+// IMPORTING / MIGRATING, MIGRATE the keys, SETSLOT NODE everywhere), with
+// during(phase) called after each step. It reports a MIGRATE refused
+// because the target already holds keys of the slot (and then migrates
+// with REPLACE, what --cluster-replace does).
+func (c *Cluster) MigrateSlotByHand(t testing.TB, slot int, from, to *Server, during func(phase string)) {
+	t.Helper()
+	fromID, toID := from.NodeID(), to.NodeID()
+	slotArg := strconv.Itoa(slot)
+	to.MustCLI("CLUSTER", "SETSLOT", slotArg, "IMPORTING", fromID)
+	from.MustCLI("CLUSTER", "SETSLOT", slotArg, "MIGRATING", toID)
+	during("migrating") // the operator's tool lists and moves keys meanwhile
+	keys := strings.Fields(from.MustCLI("CLUSTER", "GETKEYSINSLOT", slotArg, "10000"))
+	if len(keys) > 0 {
+		args := append([]string{"MIGRATE", "127.0.0.1", strconv.Itoa(to.Port), "", "0", "5000", "KEYS"}, keys...)
+		out, _ := from.CLI(args...)
+		if out != "OK" {
+			t.Errorf("MIGRATE of the slot's keys refused: %q (the target already holds keys of the channel: publishes during MIGRATING ran there, on an empty history)", out)
+			args = append([]string{"MIGRATE", "127.0.0.1", strconv.Itoa(to.Port), "", "0", "5000", "REPLACE", "KEYS"}, keys...)
+			if out, _ := from.CLI(args...); out != "OK" {
+				t.Fatalf("MIGRATE REPLACE: %q", out)
+			}
+		}
+	}
+	during("migrated")
+	for _, n := range c.Nodes {
+		n.MustCLI("CLUSTER", "SETSLOT", slotArg, "NODE", toID)
+	}
+	c.WaitOK(t)
+	during("moved")
+}
+
 // FirstSlotOf returns the lowest slot a node serves, as node 0 sees it.
 func (c *Cluster) FirstSlotOf(t testing.TB, node *Server) int {
 	t.Helper()
