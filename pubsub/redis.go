@@ -606,7 +606,8 @@ func (b *Redis) publishWhileMigrating(ctx context.Context, key string, args []an
 }
 
 // keyedMigrationAttempts is how many times a keyed publish is tried again
-// while its slot migrates: 5 ms to 640 ms apart, 1.3 s in all.
+// while its slot migrates: 5 ms to 640 ms apart, 1.3 s of pauses (about 2 s
+// in all with go-redis' own retries of a TRYAGAIN).
 const keyedMigrationAttempts = 8
 
 // migrationPause spaces the attempts of a publish while its slot migrates:
