@@ -25,8 +25,9 @@ var (
 var avoid = map[int]bool{2019: true, 6379: true, 8080: true, 8443: true, 26379: true}
 
 // Get returns a port free on every interface (TCP, and UDP too if udp is
-// set) that no other caller in this process got. Cluster nodes use
-// port+10000 for their bus, so that one is checked free as well.
+// set) that no other caller in this process got, nor (on unix) another
+// test binary running beside it (claim). Cluster nodes use port+10000 for
+// their bus, so that one is checked free and claimed as well.
 func Get(t testing.TB, udp bool) int {
 	t.Helper()
 	lo, hi := 20000, ephemeralStart()-1
@@ -37,8 +38,12 @@ func Get(t testing.TB, udp bool) int {
 	defer mu.Unlock()
 	for range 1000 {
 		port := lo + rand.IntN(hi-lo)
-		if given[port] || avoid[port] || !free(port, udp) || (port+10000 <= 65535 && !free(port+10000, false)) {
+		bus := port + 10000
+		if given[port] || avoid[port] || !free(port, udp) || (bus <= 65535 && !free(bus, false)) {
 			continue
+		}
+		if !claim(port) || (bus <= 65535 && !claim(bus)) {
+			continue // another test binary's (lock_unix.go)
 		}
 		given[port] = true
 		return port
