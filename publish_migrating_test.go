@@ -23,7 +23,7 @@ func TestAPublishToAMigratingSlotIsRetriedOnceUnderItsOfferedKey(t *testing.T) {
 		"\n\t\t\tdial_timeout 300ms\n\t\t\tread_timeout 300ms\n\t\t\twrite_timeout 300ms\n\t\t\tcheck_interval 300ms"))
 	moving, broken := "a", "b"
 	from, brokenNode := cluster.NodeOfSlot(t, redistest.SlotOf(moving)), cluster.NodeOfSlot(t, redistest.SlotOf(broken))
-	to := otherPrimaryThan(cluster, from)
+	to := cluster.OtherPrimary(from)
 	srv.publish("/events", map[string]any{"channel": moving, "data": "before"})
 	brokenNode.MustCLI("SET", "sse:{"+broken+"}:m", "not a hash")
 
@@ -46,14 +46,4 @@ func TestAPublishToAMigratingSlotIsRetriedOnceUnderItsOfferedKey(t *testing.T) {
 	if n := to.MustCLI("XLEN", "sse:{"+moving+"}:s"); n != "2" {
 		t.Errorf("channel %s holds %s events, want 2 (before, and the event once)", moving, n)
 	}
-}
-
-// otherPrimaryThan returns a primary of cluster other than not.
-func otherPrimaryThan(cluster *redistest.Cluster, not *redistest.Server) *redistest.Server {
-	for _, n := range cluster.Nodes {
-		if n != not {
-			return n
-		}
-	}
-	return nil
 }

@@ -47,7 +47,7 @@ func TestKeyedPublishWhileTheSlotMigratesPublishesOnce(t *testing.T) {
 			slot := 200 + i
 			channel := channelInSlot(t, slot)
 			from := cluster.NodeOfSlot(t, slot)
-			to := otherPrimary(cluster, from)
+			to := cluster.OtherPrimary(from)
 			publishTo(t, hub, channel, "before")
 			moved := false
 			cluster.MigrateSlotByHand(t, slot, from, to, func(phase string) {

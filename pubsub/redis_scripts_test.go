@@ -118,7 +118,7 @@ func TestRedisWithoutFunctionsPublishesWhileTheSlotMigrates(t *testing.T) {
 	slot := 100
 	channel := channelInSlot(t, slot)
 	from := cluster.NodeOfSlot(t, slot)
-	to := otherPrimary(cluster, from)
+	to := cluster.OtherPrimary(from)
 	publishTo(t, hub, channel, "before")
 	cluster.MigrateSlotByHand(t, slot, from, to, func(phase string) {
 		if phase != "migrating" {

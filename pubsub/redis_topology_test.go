@@ -153,15 +153,6 @@ func checkDeliveredExactly(t *testing.T, rec *redisRecorder, acked []replay.Posi
 	}
 }
 
-func otherPrimary(cluster *redistest.Cluster, not *redistest.Server) *redistest.Server {
-	for _, n := range cluster.Nodes {
-		if n != not {
-			return n
-		}
-	}
-	return nil
-}
-
 // A slot moves to a primary that has not run a function of the library
 // yet (it is loaded lazily, per primary: a primary just added to scale out,
 // or one whose channels were not published since it started). A call
@@ -175,7 +166,7 @@ func TestPublishDuringMigrationToAPrimaryWithoutTheLibrary(t *testing.T) {
 	slot := 100
 	channel := channelInSlot(t, slot)
 	from := cluster.NodeOfSlot(t, slot)
-	to := otherPrimary(cluster, from)
+	to := cluster.OtherPrimary(from)
 	publishTo(t, pub, channel, "before")
 	cluster.MigrateSlotByHand(t, slot, from, to, func(phase string) {
 		if phase == "moved" {
@@ -232,7 +223,7 @@ func TestReplayWhileTheSlotIsMigrating(t *testing.T) {
 	slot := 100
 	channel := channelInSlot(t, slot)
 	from := cluster.NodeOfSlot(t, slot)
-	to := otherPrimary(cluster, from)
+	to := cluster.OtherPrimary(from)
 	first := publishTo(t, hub, channel, "1")
 	publishTo(t, hub, channel, "2")
 	publishTo(t, hub, channel, "3")
@@ -400,7 +391,7 @@ func TestWaitReplicasPublishFollowsAMovedSlot(t *testing.T) {
 			pub, _ := newRedisHub(t, RedisOptions{Addrs: cluster.Addrs(), WaitReplicas: wait, WaitTimeout: 50 * time.Millisecond})
 			publishTo(t, pub, channel, "before")
 			from := cluster.NodeOfSlot(t, slot)
-			cluster.MigrateSlotByHand(t, slot, from, otherPrimary(cluster, from), func(string) {})
+			cluster.MigrateSlotByHand(t, slot, from, cluster.OtherPrimary(from), func(string) {})
 			// a publisher retries a failed publish; it must not fail for long
 			began := time.Now()
 			failed := 0
@@ -518,7 +509,7 @@ func TestWaitReplicasPublishesWhileTheSlotMigrates(t *testing.T) {
 	slot := 100
 	channel := channelInSlot(t, slot)
 	from := cluster.NodeOfSlot(t, slot)
-	to := otherPrimary(cluster, from)
+	to := cluster.OtherPrimary(from)
 	publishTo(t, hub, channel, "before")
 	cluster.MigrateSlotByHand(t, slot, from, to, func(phase string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -640,7 +631,7 @@ func followChannelInSlot(t *testing.T, cluster *redistest.Cluster, slot int) (pu
 	channel = channelInSlot(t, slot)
 	key = "sse:{" + channel + "}"
 	from = cluster.NodeOfSlot(t, slot)
-	to = otherPrimary(cluster, from)
+	to = cluster.OtherPrimary(from)
 	rec = newRedisRecorder()
 	t.Cleanup(sub.Subscribe(rec, []string{channel}).Close)
 	from.WaitShardSubscribers(t, key, 1)
@@ -695,7 +686,7 @@ func TestRefusalAfterAMovedSubscriptionIsHeldAgainstTheRefusedChannel(t *testing
 
 	// The slot of a channel this instance does not follow yet moves away:
 	// its subscription goes to the old primary, which answers MOVED.
-	cluster.MigrateSlotByHand(t, 2, from, otherPrimary(cluster, from), func(string) {})
+	cluster.MigrateSlotByHand(t, 2, from, cluster.OtherPrimary(from), func(string) {})
 	refusedAgain := broker.deniedSignal()
 	t.Cleanup(hub.Subscribe(newRedisRecorder(), []string{moving}).Close)
 	select {
@@ -736,7 +727,7 @@ func TestAMovedSlotLeavesTheOtherChannelsOfItsPrimarySubscribed(t *testing.T) {
 	sub, subBroker := newRedisHub(t, opts)
 	staying, moving := channelInSlot(t, 0), channelInSlot(t, 1)
 	from := cluster.NodeOfSlot(t, 0)
-	to := otherPrimary(cluster, from)
+	to := cluster.OtherPrimary(from)
 	if cluster.NodeOfSlot(t, 1) != from {
 		t.Fatal("slots 0 and 1 are not on one primary")
 	}
@@ -791,7 +782,7 @@ func heldShardAfterAMove(t *testing.T) (sub *Hub, broker *Redis, s *shard, leavi
 	s = broker.watch.shardOf(from.Addr())
 	publishTo(t, pub, held, "holds the receive loop")
 	blocker.waitHeld(t, "the receive loop")
-	cluster.MigrateSlotByHand(t, 1, from, otherPrimary(cluster, from), func(string) {})
+	cluster.MigrateSlotByHand(t, 1, from, cluster.OtherPrimary(from), func(string) {})
 	return sub, broker, s, leaving, blocker.openUp
 }
 

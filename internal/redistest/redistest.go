@@ -346,6 +346,16 @@ func (c *Cluster) MigrateSlotByHand(t testing.TB, slot int, from, to *Server, du
 	during("moved")
 }
 
+// OtherPrimary returns a primary of the cluster other than not.
+func (c *Cluster) OtherPrimary(not *Server) *Server {
+	for _, n := range c.Nodes {
+		if n != not {
+			return n
+		}
+	}
+	return nil
+}
+
 // FirstSlotOf returns the lowest slot a node serves, as node 0 sees it.
 func (c *Cluster) FirstSlotOf(t testing.TB, node *Server) int {
 	t.Helper()
