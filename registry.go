@@ -55,7 +55,7 @@ func (r *registry) add(s *stream) {
 	defer r.mu.Unlock()
 	r.streams[s] = time.Now().UnixNano()
 	if r.closed != "" {
-		s.close(r.notice(r.closed))
+		s.close(r.notice(r.closed, r.jitter))
 		return
 	}
 	if !r.ticking && (r.heartbeat > 0 || r.slow > 0) && !r.stopped {
@@ -89,7 +89,7 @@ func (r *registry) closeAll(reason string) {
 	r.closed = reason
 	close(r.closing)
 	for s := range r.streams {
-		s.close(r.notice(reason))
+		s.close(r.notice(reason, r.jitter))
 	}
 	r.stopReads()
 	if n := len(r.streams); n > 0 {
@@ -126,21 +126,23 @@ func (r *registry) closingNotice() *closeNotice {
 	if r.closed == "" {
 		return nil
 	}
-	n := r.notice(r.closed)
-	if r.closed == reasonReload && r.jitter > lateArrivalJitter {
-		n.retry = rand.N(lateArrivalJitter + 1)
+	within := r.jitter
+	if r.closed == reasonReload {
+		within = min(within, lateArrivalJitter)
 	}
-	return n
+	return r.notice(r.closed, within)
 }
 
 // lateArrivalJitter bounds the retry of a request that reaches a config a
 // reload replaced (closingNotice).
 const lateArrivalJitter = time.Second
 
-func (r *registry) notice(reason string) *closeNotice {
+// notice is a server_closing for reason whose retry is drawn within
+// the bound within (none if 0).
+func (r *registry) notice(reason string, within time.Duration) *closeNotice {
 	n := &closeNotice{reason: reason}
-	if r.jitter > 0 {
-		n.retry = rand.N(r.jitter + 1)
+	if within > 0 {
+		n.retry = rand.N(within + 1)
 	}
 	return n
 }
