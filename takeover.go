@@ -193,9 +193,19 @@ type connWriter struct {
 	body    []byte // the next chunk's data
 }
 
+// connChunkSize is how much a connWriter gathers before it sends a chunk
+// without waiting for Flush. A catch-up writes a page of history (up to
+// history_bytes per channel, for every channel of the stream) before it
+// flushes: gathered whole, it cost a copy of the page per stream (two,
+// while it was framed) where net/http's writer holds 4 KiB.
+const connChunkSize = 32 << 10
+
 func (cw *connWriter) Write(p []byte) error {
 	cw.body = append(cw.body, p...)
-	return nil
+	if len(cw.body) < connChunkSize {
+		return nil
+	}
+	return cw.send(nil, cw.timeout) // its buffers stay for the rest of the burst
 }
 
 func (cw *connWriter) Flush() error { return cw.sendAll(nil, cw.timeout) }
@@ -222,14 +232,29 @@ func (cw *connWriter) endBody() error { return cw.sendAll(lastChunk, cw.timeout)
 // lastChunk ends a chunked body.
 var lastChunk = []byte("0\r\n\r\n")
 
-// sendAll sends the framed bytes, the body as a chunk, then tail.
+// sendAll sends what is buffered, then tail, and lets go of a burst's
+// buffers: most streams that write one (a catch-up) do not write another
+// for a long time.
 func (cw *connWriter) sendAll(tail []byte, timeout time.Duration) error {
+	err := cw.send(tail, timeout)
+	if cap(cw.body) > connKeptBuffer {
+		cw.body = nil
+	}
+	if cap(cw.framed) > connKeptBuffer {
+		cw.framed = nil
+	}
+	return err
+}
+
+// send sends the framed bytes, the body as a chunk, then tail.
+func (cw *connWriter) send(tail []byte, timeout time.Duration) error {
 	out := cw.framed
 	if len(cw.body) > 0 {
 		out = appendChunk(out, cw.body)
 	}
 	out = append(out, tail...)
-	cw.framed, cw.body = cw.framed[:0], cw.body[:0]
+	// out is the next send's framing buffer (the sinks keep nothing of it)
+	cw.framed, cw.body = out[:0], cw.body[:0]
 	if len(out) == 0 {
 		return nil
 	}
@@ -237,11 +262,12 @@ func (cw *connWriter) sendAll(tail []byte, timeout time.Duration) error {
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		err = errors.Join(errSlowWrite, err)
 	}
-	if cap(cw.body) > 1<<20 {
-		cw.body = nil // a replay's buffer is not kept for the stream's life
-	}
 	return err
 }
+
+// connKeptBuffer is the largest buffer a connWriter keeps between sends:
+// enough for a TLS stream's usual batch, which is written through it.
+const connKeptBuffer = 4 << 10
 
 // sink is where a connWriter's bytes go: a connection, or a socket the
 // event loop holds (Linux).
