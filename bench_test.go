@@ -20,16 +20,8 @@ import (
 // (the real per-connection queue, without the network write), to show the
 // fan-out path allocates nothing per subscriber.
 func BenchmarkFanoutToStreams(b *testing.B) {
-	h := validHandler()
-	h.hub = pubsub.NewMemoryHub()
-	defer h.hub.Close()
-	h.limits = h.hubLimits()
 	const subscribers = 10_000
-	streams := make([]*stream, subscribers)
-	for i := range streams {
-		streams[i] = newStream(h, []string{"bench"})
-		defer h.hub.Subscribe(streams[i], streams[i].keys).Close()
-	}
+	h, streams := subscribedStreams(b, subscribers)
 	msg := pubsub.Message{Type: "tick", Data: []byte(`{"n":1}`)}
 	ctx := context.Background()
 	drain := func() {
@@ -70,16 +62,10 @@ func BenchmarkFanoutToStreams(b *testing.B) {
 // are each stream's id buffers growing as the ids lengthen: an event loop
 // lends one set to all its streams.)
 func BenchmarkDeliverToColdStreams(b *testing.B) {
-	h := validHandler()
-	h.hub = pubsub.NewMemoryHub()
-	defer h.hub.Close()
-	h.limits = h.hubLimits()
 	const subscribers = 10_000
-	streams := make([]*stream, subscribers)
-	for i := range streams {
-		streams[i] = newStream(h, []string{"bench"})
-		streams[i].out = new(roundWriter)
-		defer h.hub.Subscribe(streams[i], streams[i].keys).Close()
+	h, streams := subscribedStreams(b, subscribers)
+	for _, s := range streams {
+		s.out = new(roundWriter)
 	}
 	msg := pubsub.Message{Type: "tick", Data: []byte(`{"n":1}`)}
 	ctx := context.Background()
@@ -107,6 +93,22 @@ func BenchmarkDeliverToColdStreams(b *testing.B) {
 		deliver()
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/subscribers, "ns/delivery")
+}
+
+// subscribedStreams makes a handler on an embedded hub and n streams
+// subscribed to its channel "bench", all gone when b ends.
+func subscribedStreams(b *testing.B, n int) (*Handler, []*stream) {
+	h := validHandler()
+	h.hub = pubsub.NewMemoryHub()
+	b.Cleanup(func() { h.hub.Close() })
+	h.limits = h.hubLimits()
+	streams := make([]*stream, n)
+	for i := range streams {
+		streams[i] = newStream(h, []string{"bench"})
+		sub := h.hub.Subscribe(streams[i], streams[i].keys)
+		b.Cleanup(sub.Close)
+	}
+	return h, streams
 }
 
 // roundWriter takes what a stream writes and sends nothing, with a round
