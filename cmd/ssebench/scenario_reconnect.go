@@ -29,51 +29,79 @@ func (r *runner) reconnectStorm() error {
 	defer pub.close()
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.waitTimeout+cfg.reloadTimeout+30*time.Second)
 	defer cancel()
+	warm, err := r.warmUp(ctx, pub, live)
+	if err != nil {
+		return err
+	}
+	st := r.storm(ctx, pub, live, warm)
+	t := r.reportStorm(st)
+	return r.stormProblems(ramp, st, t)
+}
 
-	// one event per channel, so that every client has a Last-Event-ID
+// warmUp publishes one event per channel and waits until every client has
+// it, so that every client has a Last-Event-ID when the storm begins.
+func (r *runner) warmUp(ctx context.Context, pub publisher, live []*client) (*pubResult, error) {
+	cfg := r.cfg
 	setPhase("warm-up")
-	n := len(r.names)
 	warm := runPublish(ctx, pub, pubPlan{
-		channels: r.names, count: n, chanOf: func(i int) int { return i }, workers: cfg.publishers, ordered: true,
+		channels: r.names, count: len(r.names), chanOf: func(i int) int { return i }, workers: cfg.publishers, ordered: true,
 		event: cfg.eventType, idem: true, retries: 10,
 	})
 	if f := warm.failed.Load(); f > 0 {
 		// the clients of those channels would have no Last-Event-ID
 		r.res.Publish = warm.summary()
-		return fmt.Errorf("warm-up: %d of %d publishes failed", f, warm.attempted.Load())
+		return nil, fmt.Errorf("warm-up: %d of %d publishes failed", f, warm.attempted.Load())
 	}
-	accWarm := acceptedPerChannel(warm)
+	acc := acceptedPerChannel(warm)
 	waitEnd := time.Now().Add(cfg.waitTimeout)
-	for countDelivered(live, accWarm).lost > 0 {
+	for countDelivered(live, acc).lost > 0 {
 		if time.Now().After(waitEnd) {
-			return fmt.Errorf("warm-up: %d clients did not get their first event", len(live)-countDelivered(live, accWarm).complete)
+			return nil, fmt.Errorf("warm-up: %d clients did not get their first event", len(live)-countDelivered(live, acc).complete)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	baseConnects := make([]int32, len(live))
+	return warm, nil
+}
+
+// stormRun is what a reconnect storm measured.
+type stormRun struct {
+	live         []*client
+	warm, pres   *pubResult   // the warm-up's publishes, the storm's
+	baseConnects []int32      // each client's connections before the reload
+	tot0         *statsTotals // the load tool's counts before the reload
+	before       procSample
+	haveServer   bool
+	cpu0         float64
+	t0           time.Time // the reload's start
+	reloadStatus string
+	// when every client had reconnected, and had every event (0: not within
+	// the time limit); how many had reconnected by the end
+	allReconnected, allEvents time.Duration
+	reconnected               int
+}
+
+// storm reloads the server while publishing cfg.events, and watches the
+// clients until every one has reconnected and has every event, or the
+// time limit passes.
+func (r *runner) storm(ctx context.Context, pub publisher, live []*client, warm *pubResult) *stormRun {
+	cfg := r.cfg
+	st := &stormRun{live: live, warm: warm, baseConnects: make([]int32, len(live))}
 	for i, c := range live {
-		baseConnects[i] = c.connects.Load()
+		st.baseConnects[i] = c.connects.Load()
 	}
 	// the latency reported is the storm's, as the deliveries are
 	r.eng.core().resetLatency()
-	tot0 := r.eng.core().totals()
-	before, haveServer := r.sample()
-	cpu0 := selfCPU()
+	st.tot0 = r.eng.core().totals()
+	st.before, st.haveServer = r.sample()
+	st.cpu0 = selfCPU()
 	endBox := r.boxWindow()
+	defer endBox()
 
 	setPhase("reload")
-	t0 := time.Now()
-	reloadDone := make(chan string, 1)
-	go func() {
-		began := time.Now()
-		err := r.reload(ctx)
-		status := "ok"
-		if err != nil {
-			status = err.Error()
-		}
-		reloadDone <- fmt.Sprintf("%s in %.3fs", status, time.Since(began).Seconds())
-	}()
+	st.t0 = time.Now()
+	reloadDone := r.reloadInBackground(ctx)
 	pubDone := make(chan *pubResult, 1)
+	n := len(r.names)
 	go func() {
 		pubDone <- runPublish(ctx, pub, pubPlan{
 			channels: r.names, count: cfg.events, rate: cfg.rate, chanOf: func(i int) int { return i % n },
@@ -81,82 +109,97 @@ func (r *runner) reconnectStorm() error {
 			seqBase: warm.seqs,
 		})
 	}()
-	var (
-		pres                      *pubResult
-		acc                       []chanAccepted
-		reloadStatus              string
-		allReconnected, allEvents time.Duration
-		t                         tally
-		reconnected               int
-	)
 	setPhase("storm")
-	deadline := t0.Add(cfg.waitTimeout)
+	st.watch(pubDone, reloadDone, st.t0.Add(cfg.waitTimeout))
+	if st.pres == nil {
+		st.pres = <-pubDone // bounded by ctx
+	}
+	if st.reloadStatus == "" {
+		select {
+		case st.reloadStatus = <-reloadDone:
+		case <-time.After(cfg.reloadTimeout):
+			st.reloadStatus = "still running"
+		}
+	}
+	return st
+}
+
+// reloadInBackground starts a reload; its status comes on the channel.
+func (r *runner) reloadInBackground(ctx context.Context) <-chan string {
+	done := make(chan string, 1)
+	go func() {
+		began := time.Now()
+		err := r.reload(ctx)
+		status := "ok"
+		if err != nil {
+			status = err.Error()
+		}
+		done <- fmt.Sprintf("%s in %.3fs", status, time.Since(began).Seconds())
+	}()
+	return done
+}
+
+// watch polls the clients until every one has reconnected and has every
+// event published (once the publishing is done), or until deadline.
+func (st *stormRun) watch(pubDone <-chan *pubResult, reloadDone <-chan string, deadline time.Time) {
+	var acc []chanAccepted
 	for {
 		select {
-		case pres = <-pubDone:
-		case reloadStatus = <-reloadDone:
+		case st.pres = <-pubDone:
+		case st.reloadStatus = <-reloadDone:
 		default:
 		}
-		reconnected = 0
-		for i, c := range live {
-			if c.connects.Load() > baseConnects[i] {
-				reconnected++
+		st.reconnected = 0
+		for i, c := range st.live {
+			if c.connects.Load() > st.baseConnects[i] {
+				st.reconnected++
 			}
 		}
-		if reconnected == len(live) && allReconnected == 0 {
-			allReconnected = time.Since(t0)
+		if st.reconnected == len(st.live) && st.allReconnected == 0 {
+			st.allReconnected = time.Since(st.t0)
 		}
-		if pres != nil {
+		if st.pres != nil {
 			if acc == nil {
-				acc = acceptedPerChannel(warm, pres)
+				acc = acceptedPerChannel(st.warm, st.pres)
 			}
-			t = countDelivered(live, acc)
-			if t.lost == 0 && allEvents == 0 {
-				allEvents = time.Since(t0)
+			if countDelivered(st.live, acc).lost == 0 && st.allEvents == 0 {
+				st.allEvents = time.Since(st.t0)
 			}
 		}
-		if allReconnected > 0 && allEvents > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			break
+		if (st.allReconnected > 0 && st.allEvents > 0) || time.Now().After(deadline) {
+			return
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	done := max(allReconnected, allEvents)
-	if pres == nil {
-		pres = <-pubDone // bounded by ctx
-	}
-	if reloadStatus == "" {
-		select {
-		case reloadStatus = <-reloadDone:
-		case <-time.After(cfg.reloadTimeout):
-			reloadStatus = "still running"
-		}
-	}
-	t = countDelivered(live, acceptedPerChannel(warm, pres))
+}
+
+// reportStorm fills the run's results from what the storm measured, and
+// returns the final count of what each client received.
+func (r *runner) reportStorm(st *stormRun) tally {
+	cfg := r.cfg
+	t := countDelivered(st.live, acceptedPerChannel(st.warm, st.pres))
 	tot := r.eng.core().totals()
-	endBox()
 	after, _ := r.sample()
-	stormSecs := time.Since(t0).Seconds()
-	received := tot.received - tot0.received // in the storm, as fanout's in its window
-	if haveServer {
-		r.res.Server = r.serverSummary(before, before, after, stormSecs, received)
+	stormSecs := time.Since(st.t0).Seconds()
+	received := tot.received - st.tot0.received // in the storm, as fanout's in its window
+	if st.haveServer {
+		r.res.Server = r.serverSummary(st.before, st.before, after, stormSecs, received)
 	}
-	r.res.Client = r.clientSummary(cpu0, selfCPU(), stormSecs, received)
+	r.res.Client = r.clientSummary(st.cpu0, selfCPU(), stormSecs, received)
 	budget := cfg.closeJitter + 5*time.Second
 	rs := &reconnectSummary{
-		Reload: reloadStatus, AllReconnectedS: round3(allReconnected.Seconds()), AllEventsS: round3(allEvents.Seconds()),
-		BudgetS: budget.Seconds(), Clients: len(live), Reconnected: reconnected, Complete: t.complete,
-		ServerClosing: tot.closing - tot0.closing, TruncatedReplays: tot.truncatedEvents - tot0.truncatedEvents,
+		Reload: st.reloadStatus, AllReconnectedS: round3(st.allReconnected.Seconds()), AllEventsS: round3(st.allEvents.Seconds()),
+		BudgetS: budget.Seconds(), Clients: len(st.live), Reconnected: st.reconnected, Complete: t.complete,
+		ServerClosing: tot.closing - st.tot0.closing, TruncatedReplays: tot.truncatedEvents - st.tot0.truncatedEvents,
 	}
-	if allReconnected > 0 && allEvents > 0 {
+	if st.allReconnected > 0 && st.allEvents > 0 {
+		done := max(st.allReconnected, st.allEvents)
 		rs.DoneS = round3(done.Seconds())
 		rs.WithinBudget = done <= budget
 	}
 	r.res.Reconnect = rs
 	d := &deliverySummary{
-		Clients: len(live), Expected: t.expected, Unique: t.unique, Received: received,
+		Clients: len(st.live), Expected: t.expected, Unique: t.unique, Received: received,
 		Lost: t.lost, Dupes: tot.dupes, Reordered: tot.reordered, Extra: t.extra, Foreign: tot.foreign, Unparsed: tot.unparsed,
 		Truncated: tot.truncatedEvents, Closing: tot.closing, Drained: t.lost == 0,
 	}
@@ -167,21 +210,27 @@ func (r *runner) reconnectStorm() error {
 	}
 	r.res.Delivery = d
 	r.res.Latency = tot.lat.Summary()
-	r.res.Publish = pres.summary()
+	r.res.Publish = st.pres.summary()
+	return t
+}
+
+// stormProblems says why a reconnect storm failed, if it did.
+func (r *runner) stormProblems(ramp *rampSummary, st *stormRun, t tally) error {
+	cfg := r.cfg
 	var problems []string
 	if ramp.Connected < int64(cfg.conns) {
 		problems = append(problems, fmt.Sprintf("only %d of %d streams opened", ramp.Connected, cfg.conns))
 	}
-	if rs.DoneS == 0 {
-		problems = append(problems, fmt.Sprintf("not done within %s: %d of %d clients reconnected, %d complete", cfg.waitTimeout, reconnected, len(live), t.complete))
+	if r.res.Reconnect.DoneS == 0 {
+		problems = append(problems, fmt.Sprintf("not done within %s: %d of %d clients reconnected, %d complete", cfg.waitTimeout, st.reconnected, len(st.live), t.complete))
 	}
 	if t.lost > 0 {
 		problems = append(problems, fmt.Sprintf("%d events lost", t.lost))
 	}
 	// as in fanout: duplicates, events of another channel, and (ordered
 	// publishers) events out of order, such as a replay after live events
-	problems = append(problems, deliveryFaults(d, cfg.ordered, true)...)
-	if f := pres.failed.Load(); f > 0 {
+	problems = append(problems, deliveryFaults(r.res.Delivery, cfg.ordered, true)...)
+	if f := st.pres.failed.Load(); f > 0 {
 		// their events need not arrive: the loss count cannot vouch for them
 		problems = append(problems, fmt.Sprintf("%d publishes failed", f))
 	}
