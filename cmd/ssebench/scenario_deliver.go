@@ -61,17 +61,56 @@ func (r *runner) deliver(ss streamSet) error {
 	pub := r.newPublisher()
 	defer pub.close()
 
-	before, _ := r.sample()
-	cpu0 := r.clientCPU()
-	recv0, err := ss.received()
-	if err != nil {
+	run := &deliveryRun{ss: ss, base: base, haveServer: haveServer}
+	run.before, _ = r.sample()
+	run.cpu0 = r.clientCPU()
+	if run.recv0, err = ss.received(); err != nil {
 		return err
 	}
 	endBox := r.boxWindow()
 	waitProfile := r.startCPUProfile(cfg.duration)
-	setPhase("publish")
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.duration+cfg.drain+30*time.Second)
 	defer cancel()
+	if err := r.publishPhase(ctx, pub, run); err != nil {
+		return err
+	}
+	if err := r.drainPhase(run); err != nil {
+		return err
+	}
+	endBox()
+	run.after, _ = r.sample()
+	run.cpu1 = r.clientCPU()
+	recvNow, err := ss.received()
+	if err != nil {
+		return err
+	}
+	run.recvAll = recvNow - run.recv0
+	waitProfile()
+	if err := r.reportDelivery(run); err != nil {
+		return err
+	}
+	return r.deliveryProblems(ramp, run)
+}
+
+// deliveryRun is what a fan-out, spread or scale-out run measured.
+type deliveryRun struct {
+	ss                   streamSet
+	base, before, after  procSample // the server before the ramp, before and after publishing
+	haveServer           bool
+	cpu0, cpu1           float64 // the load tool's CPU seconds
+	recv0, recvAll       int64   // deliveries before publishing; from then to the drain's end
+	recvPub              int64   // deliveries while publishing
+	pres                 *pubResult
+	t                    tally // what each client has of what was accepted
+	drained              bool
+	drainStart, drainEnd time.Time
+}
+
+// publishPhase publishes cfg.rate events/s for cfg.duration (with the
+// faults of -chaos meanwhile) and counts what arrived while it did.
+func (r *runner) publishPhase(ctx context.Context, pub publisher, run *deliveryRun) error {
+	cfg := r.cfg
+	setPhase("publish")
 	n := len(r.names)
 	plan := pubPlan{
 		channels: r.names,
@@ -87,9 +126,9 @@ func (r *runner) deliver(ss streamSet) error {
 		plan.retryOffered, plan.retries, plan.retryWait = true, chaosRetries, chaosRetryWait
 	}
 	stopChaos := r.startChaos(ctx)
-	pres := runPublish(ctx, pub, plan)
+	run.pres = runPublish(ctx, pub, plan)
 	// what arrived while publishing, before waiting for a fault under way
-	recvEnd, errEnd := ss.received()
+	recvEnd, errEnd := run.ss.received()
 	r.res.Chaos = stopChaos()
 	if errEnd != nil {
 		return errEnd
@@ -99,58 +138,56 @@ func (r *runner) deliver(ss streamSet) error {
 			return fmt.Errorf("chaos at %.1fs: %s: %s", c.AtS, c.Action, c.Error)
 		}
 	}
-	recvPub := recvEnd - recv0
-	pubSecs := pres.end.Sub(pres.start).Seconds()
+	run.recvPub = recvEnd - run.recv0
+	return nil
+}
 
+// drainPhase waits until every client has every accepted event, or
+// cfg.drain passes.
+func (r *runner) drainPhase(run *deliveryRun) error {
 	setPhase("drain")
-	acc := acceptedPerChannel(pres)
-	drainStart := time.Now()
-	drained := false
-	var t tally
+	acc := acceptedPerChannel(run.pres)
+	run.drainStart = time.Now()
+	defer func() { run.drainEnd = time.Now() }()
 	for {
-		if t, err = ss.count(acc); err != nil {
+		t, err := run.ss.count(acc)
+		if err != nil {
 			return err
 		}
+		run.t = t
 		if t.lost == 0 {
-			drained = true
-			break
+			run.drained = true
+			return nil
 		}
-		if time.Since(drainStart) > cfg.drain {
-			break
+		if time.Since(run.drainStart) > r.cfg.drain {
+			return nil
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	drainEnd := time.Now()
-	drainSecs := drainEnd.Sub(drainStart).Seconds()
-	endBox()
-	after, _ := r.sample()
-	cpu1 := r.clientCPU()
-	recvNow, err := ss.received()
+}
+
+// reportDelivery fills the run's results from what it measured.
+func (r *runner) reportDelivery(run *deliveryRun) error {
+	tot, err := run.ss.totals()
 	if err != nil {
 		return err
 	}
-	recvAll := recvNow - recv0
+	t, pres := run.t, run.pres
+	d := &deliverySummary{
+		Clients: t.clients, Expected: t.expected, Unique: t.unique, Received: run.recvAll,
+		Lost: t.lost, Dupes: tot.dupes, Reordered: tot.reordered, Extra: t.extra, Foreign: tot.foreign, Unparsed: tot.unparsed,
+		Truncated: tot.truncatedEvents, Closing: tot.closing,
+		DrainSeconds: round3(run.drainEnd.Sub(run.drainStart).Seconds()), Drained: run.drained,
+	}
+	if pubSecs := pres.end.Sub(pres.start).Seconds(); pubSecs > 0 {
+		d.PerS = math.Round(float64(run.recvPub) / pubSecs)
+	}
 	// from the publishing's start to the drain's end: with the wait for
 	// the last fault of -chaos (and the tally) between the two, whose
 	// deliveries and CPU are counted too
-	window := drainEnd.Sub(pres.start).Seconds()
-	waitProfile()
-
-	tot, err := ss.totals()
-	if err != nil {
-		return err
-	}
-	d := &deliverySummary{
-		Clients: t.clients, Expected: t.expected, Unique: t.unique, Received: recvAll,
-		Lost: t.lost, Dupes: tot.dupes, Reordered: tot.reordered, Extra: t.extra, Foreign: tot.foreign, Unparsed: tot.unparsed,
-		Truncated: tot.truncatedEvents, Closing: tot.closing,
-		DrainSeconds: round3(drainSecs), Drained: drained,
-	}
-	if pubSecs > 0 {
-		d.PerS = math.Round(float64(recvPub) / pubSecs)
-	}
+	window := run.drainEnd.Sub(pres.start).Seconds()
 	if window > 0 {
-		d.OverallPerS = math.Round(float64(recvAll) / window)
+		d.OverallPerS = math.Round(float64(run.recvAll) / window)
 	}
 	r.res.Delivery = d
 	r.res.Latency = tot.lat.Summary()
@@ -158,18 +195,24 @@ func (r *runner) deliver(ss streamSet) error {
 	switch {
 	case r.serverKilled:
 		r.note("no server figures: -chaos killed and restarted a server")
-	case haveServer:
-		r.res.Server = r.serverSummary(base, before, after, window, recvAll)
+	case run.haveServer:
+		r.res.Server = r.serverSummary(run.base, run.before, run.after, window, run.recvAll)
 	}
-	r.res.Client = r.clientSummary(cpu0, cpu1, window, recvAll)
+	r.res.Client = r.clientSummary(run.cpu0, run.cpu1, window, run.recvAll)
+	return nil
+}
+
+// deliveryProblems says why a delivery run failed, if it did.
+func (r *runner) deliveryProblems(ramp *rampSummary, run *deliveryRun) error {
+	cfg := r.cfg
 	var problems []string
 	if ramp.Connected < int64(cfg.conns) {
 		problems = append(problems, fmt.Sprintf("only %d of %d streams opened", ramp.Connected, cfg.conns))
 	}
-	if !drained {
-		problems = append(problems, fmt.Sprintf("%d of %d deliveries missing after the %s drain limit", t.lost, t.expected, cfg.drain))
+	if !run.drained {
+		problems = append(problems, fmt.Sprintf("%d of %d deliveries missing after the %s drain limit", run.t.lost, run.t.expected, cfg.drain))
 	}
-	switch n := pres.failed.Load(); {
+	switch n := run.pres.failed.Load(); {
 	case n > 0 && cfg.chaos != "":
 		// a fault may refuse a publish (a reload resets a connection
 		// that reached the old socket): what it costs is counted, but
@@ -178,7 +221,7 @@ func (r *runner) deliver(ss streamSet) error {
 	case n > 0:
 		problems = append(problems, fmt.Sprintf("%d publishes failed", n))
 	}
-	problems = append(problems, deliveryFaults(d, cfg.ordered, cfg.publishAs == "caddy-sse")...)
+	problems = append(problems, deliveryFaults(r.res.Delivery, cfg.ordered, cfg.publishAs == "caddy-sse")...)
 	if len(problems) > 0 {
 		return errors.New(strings.Join(problems, "; "))
 	}
