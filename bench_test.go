@@ -113,15 +113,13 @@ func subscribedStreams(b *testing.B, n int) (*Handler, []*stream) {
 
 // roundWriter takes what a stream writes and sends nothing, with a round
 // clock as an event loop's writer has.
-type roundWriter struct{ n int }
+type roundWriter struct{}
 
-func (w *roundWriter) Write(p []byte) error { w.n += len(p); return nil }
-func (w *roundWriter) Flush() error         { return nil }
-func (w *roundWriter) WriteLast([]byte) error {
-	return nil
-}
-func (w *roundWriter) MayBlock() bool  { return false }
-func (w *roundWriter) roundNow() int64 { return 1 }
+func (*roundWriter) Write([]byte) error     { return nil }
+func (*roundWriter) Flush() error           { return nil }
+func (*roundWriter) WriteLast([]byte) error { return nil }
+func (*roundWriter) MayBlock() bool         { return false }
+func (*roundWriter) roundNow() int64        { return 1 }
 
 // BenchmarkStreamOpen opens a stream through an in-process Caddy, reads
 // its preamble and closes it: what a connection costs (accept, Caddy's
