@@ -183,97 +183,19 @@ func runPublish(ctx context.Context, pub publisher, plan pubPlan) *pubResult {
 		accepted: make([]seqSet, len(plan.channels)),
 	}
 	copy(res.seqs, plan.seqBase)
-	workers := max(plan.workers, 1)
-	queues := make([]chan pubJob, workers)
-	if !plan.ordered {
-		shared := make(chan pubJob, max(plan.count, 1))
-		for w := range queues {
-			queues[w] = shared
-		}
-	}
-	var wg sync.WaitGroup
+	queues := pubQueues(plan)
 	var runID [6]byte
 	_, _ = rand.Read(runID[:])
-	for w := range queues {
-		if queues[w] == nil {
-			queues[w] = make(chan pubJob, max(plan.count, 1))
-		}
+	var wg sync.WaitGroup
+	for _, q := range queues {
 		wg.Add(1)
-		go func(q <-chan pubJob) {
+		go func() {
 			defer wg.Done()
-			var data []byte
-			for job := range q {
-				key := ""
-				if plan.idem {
-					key = fmt.Sprintf("ssebench-%s-%d-%d", hex.EncodeToString(runID[:]), job.ch, job.seq)
-				}
-				res.attempted.Add(1)
-				began := time.Now()
-				res.mu.Lock()
-				res.lag.Record(began.Sub(job.due).Nanoseconds())
-				res.mu.Unlock()
-				// the same body on a retry: the Idempotency-Key covers it
-				data = appendBenchData(data[:0], benchEvent{ch: int64(job.ch), seq: job.seq, t: monoOf(began)}, plan.pad)
-				var err error
-				for try := 0; try <= plan.retries; try++ {
-					if ctx.Err() != nil {
-						if err == nil {
-							// never sent: a failure, not a success
-							err = ctx.Err()
-						}
-						break
-					}
-					began := time.Now()
-					err = pub.publish(ctx, plan.channels[job.ch], plan.event, data, key)
-					res.mu.Lock()
-					res.rtt.Record(time.Since(began).Nanoseconds())
-					if err != nil {
-						res.errs[errKind(err)]++
-					}
-					res.mu.Unlock()
-					if key == "" && plan.retryOffered {
-						key = offeredKey(err)
-					}
-					if err == nil || key == "" || !(plan.idem || plan.retryOffered) {
-						break
-					}
-					time.Sleep(cmp.Or(plan.retryWait, 50*time.Millisecond))
-				}
-				if err != nil {
-					res.failed.Add(1)
-					continue
-				}
-				res.ok.Add(1)
-				res.mu.Lock()
-				res.accepted[job.ch].add(job.seq)
-				res.mu.Unlock()
-			}
-		}(queues[w])
+			res.work(ctx, pub, plan, hex.EncodeToString(runID[:]), q)
+		}()
 	}
 	res.start = time.Now()
-	interval := time.Duration(0)
-	if plan.rate > 0 {
-		interval = time.Duration(float64(time.Second) / plan.rate)
-	}
-schedule:
-	for i := range plan.count {
-		due := res.start.Add(time.Duration(i) * interval)
-		if d := time.Until(due); d > 0 {
-			t := time.NewTimer(d)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-				break schedule
-			}
-		}
-		if ctx.Err() != nil {
-			break
-		}
-		ch := plan.chanOf(i)
-		res.seqs[ch]++
-		queues[ch%workers] <- pubJob{ch: ch, seq: res.seqs[ch], due: due}
-	}
+	res.schedule(ctx, plan, queues)
 	closed := map[chan pubJob]bool{}
 	for _, q := range queues {
 		if !closed[q] {
@@ -284,6 +206,107 @@ schedule:
 	wg.Wait()
 	res.end = time.Now()
 	return res
+}
+
+// pubQueues are the publishing workers' queues: one each if a channel's
+// events must go out in order (a channel's are all on one worker), else
+// one that every worker takes from.
+func pubQueues(plan pubPlan) []chan pubJob {
+	queues := make([]chan pubJob, max(plan.workers, 1))
+	var shared chan pubJob
+	if !plan.ordered {
+		shared = make(chan pubJob, max(plan.count, 1))
+	}
+	for w := range queues {
+		queues[w] = shared
+		if shared == nil {
+			queues[w] = make(chan pubJob, max(plan.count, 1))
+		}
+	}
+	return queues
+}
+
+// schedule queues the plan's events at its rate, until ctx ends.
+func (res *pubResult) schedule(ctx context.Context, plan pubPlan, queues []chan pubJob) {
+	interval := time.Duration(0)
+	if plan.rate > 0 {
+		interval = time.Duration(float64(time.Second) / plan.rate)
+	}
+	for i := range plan.count {
+		due := res.start.Add(time.Duration(i) * interval)
+		if d := time.Until(due); d > 0 {
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		ch := plan.chanOf(i)
+		res.seqs[ch]++
+		queues[ch%len(queues)] <- pubJob{ch: ch, seq: res.seqs[ch], due: due}
+	}
+}
+
+// work publishes the events of q, and counts them.
+func (res *pubResult) work(ctx context.Context, pub publisher, plan pubPlan, runID string, q <-chan pubJob) {
+	var data []byte
+	for job := range q {
+		key := ""
+		if plan.idem {
+			key = fmt.Sprintf("ssebench-%s-%d-%d", runID, job.ch, job.seq)
+		}
+		res.attempted.Add(1)
+		began := time.Now()
+		res.mu.Lock()
+		res.lag.Record(began.Sub(job.due).Nanoseconds())
+		res.mu.Unlock()
+		// the same body on a retry: the Idempotency-Key covers it
+		data = appendBenchData(data[:0], benchEvent{ch: int64(job.ch), seq: job.seq, t: monoOf(began)}, plan.pad)
+		if err := res.publishOne(ctx, pub, plan, plan.channels[job.ch], data, key); err != nil {
+			res.failed.Add(1)
+			continue
+		}
+		res.ok.Add(1)
+		res.mu.Lock()
+		res.accepted[job.ch].add(job.seq)
+		res.mu.Unlock()
+	}
+}
+
+// publishOne publishes an event, retrying as the plan says: under its
+// Idempotency-Key, or the one a 503 offered.
+func (res *pubResult) publishOne(ctx context.Context, pub publisher, plan pubPlan, channel string, data []byte, key string) error {
+	var err error
+	for try := 0; try <= plan.retries; try++ {
+		if ctx.Err() != nil {
+			if err == nil {
+				// never sent: a failure, not a success
+				err = ctx.Err()
+			}
+			break
+		}
+		began := time.Now()
+		err = pub.publish(ctx, channel, plan.event, data, key)
+		res.mu.Lock()
+		res.rtt.Record(time.Since(began).Nanoseconds())
+		if err != nil {
+			res.errs[errKind(err)]++
+		}
+		res.mu.Unlock()
+		if key == "" && plan.retryOffered {
+			key = offeredKey(err)
+		}
+		if err == nil || key == "" || !(plan.idem || plan.retryOffered) {
+			break
+		}
+		time.Sleep(cmp.Or(plan.retryWait, 50*time.Millisecond))
+	}
+	return err
 }
 
 // publishSummary is the JSON of a pubResult.
