@@ -45,10 +45,13 @@ func steadyGoroutines() int {
 }
 
 // settleGoroutines waits until the goroutine count is at most want, and
-// returns the last count.
+// returns the last count. It waits longer than the step pool's workers
+// idle (workerIdle) before they end: while the server runs, the workers
+// its streams' steps started are counted until then, and a wait of
+// waitFor alone (as long) raced with them, to fail on a loaded machine.
 func settleGoroutines(want int) int {
 	requestClient.CloseIdleConnections()
-	deadline := time.Now().Add(waitFor)
+	deadline := time.Now().Add(workerIdle + waitFor)
 	n := runtime.NumGoroutine()
 	for n > want && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
