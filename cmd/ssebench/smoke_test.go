@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,6 +22,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-sse/caddy-sse/internal/uring"
+
+	"github.com/caddy-sse/caddy-sse/internal/freeport"
 )
 
 // TestMain also runs the test binary as the processes a run starts: a
@@ -462,17 +463,15 @@ func needRedis(t *testing.T) string {
 	return bin
 }
 
+// freePorts are ports for the test's servers, below the ephemeral range
+// and kept from other test binaries (freeport): a port the kernel handed
+// out for port 0 was free again for anyone's port 0 — the run's own Redis
+// (-spawn-redis), another package's listener — before a server took it.
 func freePorts(t *testing.T, n int) []int {
 	t.Helper()
 	var out []int
 	for len(out) < n {
-		p, err := freePort()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !slices.Contains(out, p) {
-			out = append(out, p)
-		}
+		out = append(out, freeport.Get(t, false))
 	}
 	return out
 }
