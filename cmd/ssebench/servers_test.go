@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/caddy-sse/caddy-sse/internal/freeport"
 )
 
 // TestStopProcsKillsEveryStubbornServer stops two servers that ignore
@@ -105,11 +107,7 @@ func TestServersFoundOnEveryURL(t *testing.T) {
 	var urls []string
 	var pids []int
 	for range 2 {
-		port, err := freePort()
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := "127.0.0.1:" + strconv.Itoa(port)
+		addr := "127.0.0.1:" + strconv.Itoa(freeport.Get(t, false))
 		cmd := exec.Command(os.Args[0], "floor-server", "-addr", addr)
 		cmd.Stderr = os.Stderr
 		if err := cmd.Start(); err != nil {
