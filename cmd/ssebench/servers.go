@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-sse/caddy-sse/internal/freeport"
 )
 
 // proc is a process this run started (a server, the Redis, a subscriber
@@ -307,21 +309,12 @@ func allListenInodes(b []byte) []uint64 {
 
 func (r *runner) serverLogs() string { return strings.Join(r.serverLogPaths, ", ") }
 
-// freePort returns a free 127.0.0.1 TCP port other than 6379.
-func freePort() (int, error) {
-	for range 10 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, err
-		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
-		if port != 6379 {
-			return port, nil
-		}
-	}
-	return 0, errors.New("no free port")
-}
+// freePort returns a free TCP port for a spawned Redis: below the kernel's
+// ephemeral range, never 6379, and kept from other processes that take
+// theirs the same way (the project's test binaries). A port the kernel
+// handed out for port 0 was free again, until Redis bound it, for every
+// other port-0 listener and outgoing connection.
+func freePort() (int, error) { return freeport.Take(false) }
 
 // spawnRedisServer starts a private redis-server on 127.0.0.1 without
 // persistence (with an append-only file synced at every write if -chaos

@@ -6,13 +6,13 @@
 package freeport
 
 import (
+	"errors"
 	"math/rand/v2"
 	"net"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
-	"testing"
 )
 
 var (
@@ -28,8 +28,26 @@ var avoid = map[int]bool{2019: true, 6379: true, 8080: true, 8443: true, 26379: 
 // set) that no other caller in this process got, nor (on unix) another
 // test binary running beside it (claim). Cluster nodes use port+10000 for
 // their bus, so that one is checked free and claimed as well.
-func Get(t testing.TB, udp bool) int {
+func Get(t TB, udp bool) int {
 	t.Helper()
+	port, err := Take(udp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return port
+}
+
+// TB is the part of testing.TB that Get uses: the package does not import
+// testing, so that the load tool (Take) does not link it.
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+}
+
+// Take is Get for code that runs outside a test's goroutine (the load
+// tool's spawned servers, which its tests run in-process): an error
+// instead of a failed test.
+func Take(udp bool) (int, error) {
 	lo, hi := 20000, ephemeralStart()-1
 	if hi-lo < 1000 {
 		lo, hi = 10000, 20000
@@ -46,10 +64,9 @@ func Get(t testing.TB, udp bool) int {
 			continue // another test binary's (lock_unix.go)
 		}
 		given[port] = true
-		return port
+		return port, nil
 	}
-	t.Fatal("freeport: no free port")
-	return 0
+	return 0, errors.New("freeport: no free port")
 }
 
 func free(port int, udp bool) bool {
