@@ -230,6 +230,11 @@ func (b *Redis) PublishCounted(ctx context.Context, channel string, msg Message,
 	return pos, repeat, err
 }
 
+// withoutToken is a publish's call without its token: FunctionPublishV2,
+// whose arguments are FunctionPublishCounted's after the token and its
+// ttl (the token's key cannot be made while the channel's slot migrates).
+func withoutToken(args []any) (string, []any) { return FunctionPublishV2, args[2:] }
+
 // publishToken is a new random token for one publish (its calls of
 // FunctionPublishOnce): 128 bits, as 32 hex digits.
 func publishToken() string {

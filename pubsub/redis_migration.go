@@ -22,11 +22,10 @@ import (
 // request under its key would publish the event a second time. If they
 // are still moving it fails (503), and its request is retried.
 func (b *Redis) publishWhileMigrating(ctx context.Context, key string, args []any, keyed bool, reply any, err error) (any, error) {
-	function, attempts := FunctionPublishV2, 4
-	if keyed {
-		function, attempts = FunctionPublishCounted, keyedMigrationAttempts
-	} else {
-		args = args[2:]
+	function, attempts := FunctionPublishCounted, keyedMigrationAttempts
+	if !keyed {
+		function, args = withoutToken(args)
+		attempts = 4
 	}
 	var pause migrationPause
 	for range attempts {

@@ -52,7 +52,7 @@ func (b *Redis) publishAndWait(ctx context.Context, key string, args []any, keye
 				node = tmp
 			}
 		case function == FunctionPublishCounted && !keyed:
-			function, args = FunctionPublishV2, args[2:]
+			function, args = withoutToken(args)
 		default: // the keys are being moved: try again in a moment
 			if !pause.wait(ctx) {
 				return reply, err
