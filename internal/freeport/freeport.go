@@ -1,4 +1,5 @@
-// Package freeport picks listening ports for tests. Ports are drawn at
+// Package freeport picks listening ports for tests (Get) and for the
+// servers the load tool spawns (Take). Ports are drawn at
 // random below the kernel's ephemeral range: the ephemeral ports are also
 // what every outgoing connection (and every listen on port 0) takes, so a
 // port found free there is easily taken before the test binds it when
