@@ -79,6 +79,7 @@ type Redis struct {
 	logs    logStack // the newest logger its users gave it, first its own (UseLogger)
 	watch   *watcher
 	local   localFallback
+	reads   readFlights // a replay's reads, one per question at a time
 
 	onClose       []func() // run by Close before the client closes
 	onFirstStatus func()   // has the broker connect, at the first BackendStatus
@@ -146,6 +147,7 @@ func NewRedis(opts RedisOptions, deliver DeliverFunc) (*Redis, error) {
 	b.quit = make(chan struct{})
 	b.local.epoch = newLocalEpoch()
 	b.watch = newWatcher(b)
+	b.reads.ask = b.askRead
 	return b, nil
 }
 
@@ -277,7 +279,8 @@ func (b *Redis) Read(ctx context.Context, channel string, after *replay.Position
 		// its events cannot arrive: a stream opens degraded (redis_denied.go)
 		return replay.Page{}, readDenied(b.deniedError())
 	}
-	page, bad, err := b.read(ctx, key, after, limit)
+	ans := b.reads.read(ctx, newReadQuestion(key, after, limit))
+	page, bad, err := ans.page, ans.bad, ans.err
 	if bad > 0 {
 		b.warnBad(channel)
 	}
@@ -320,6 +323,12 @@ func (b *Redis) read(ctx context.Context, key string, after *replay.Position, li
 		return replay.Page{}, 0, err
 	}
 	return parsePage(reply)
+}
+
+// askRead reads what q asks (readFlights' read of Redis).
+func (b *Redis) askRead(ctx context.Context, q readQuestion) readAnswer {
+	page, bad, err := b.read(ctx, q.key, q.position(), q.limit)
+	return readAnswer{page, bad, err}
 }
 
 // readArgs are the arguments of the library's read: at most limit events

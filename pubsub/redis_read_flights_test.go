@@ -1,0 +1,223 @@
+package pubsub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-sse/caddy-sse/internal/redistest"
+	"github.com/caddy-sse/caddy-sse/replay"
+)
+
+// heldReads counts the history reads sent to Redis and, when armed, holds
+// the next one after Redis has answered it, until released: a read in the
+// air while others ask the same.
+type heldReads struct {
+	passThrough
+	sent    atomic.Int64
+	armed   atomic.Bool
+	held    chan struct{} // closed once a read is held
+	release chan struct{}
+}
+
+func newHeldReads() *heldReads {
+	return &heldReads{held: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (h *heldReads) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if args := cmd.Args(); cmd.Name() == "fcall_ro" && len(args) > 1 && args[1] == FunctionRead {
+			h.sent.Add(1)
+			if h.armed.CompareAndSwap(true, false) {
+				close(h.held)
+				<-h.release
+			}
+		}
+		return err
+	}
+}
+
+// readsSettled waits until n readers of q wait for a read of it (in the
+// air or the next), or those of them not held have returned (reads that
+// are not shared, as before they were).
+func readsSettled(t *testing.T, b *Redis, q readQuestion, n, held int, returned *atomic.Int64) {
+	t.Helper()
+	for deadline := time.Now().Add(redisWait); ; time.Sleep(time.Millisecond) {
+		waiting, gone := readersOf(b, q), int(returned.Load())
+		if waiting == n || gone == n-held {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d readers wait for a read, %d returned", waiting, n, gone)
+		}
+	}
+}
+
+// readersOf counts the readers that wait for a read of q.
+func readersOf(b *Redis, q readQuestion) int {
+	b.reads.mu.Lock()
+	defer b.reads.mu.Unlock()
+	n := 0
+	for fl := b.reads.inAir[q]; fl != nil; fl = fl.next {
+		n += fl.waiters
+	}
+	return n
+}
+
+func publishN(t *testing.T, b *Redis, channel string, from, to int) {
+	t.Helper()
+	for i := from; i <= to; i++ {
+		if _, err := b.Publish(context.Background(), channel, Message{Data: []byte(fmt.Sprint(i))}, replay.Limits{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func pageData(p replay.Page) string {
+	s := ""
+	for _, ev := range p.Events {
+		s += fmt.Sprintf("%d ", ev.Pos.Seq)
+	}
+	return s
+}
+
+type readResult struct {
+	page replay.Page
+	err  error
+}
+
+// readAsync reads in the background; returned counts the reads done.
+func readAsync(ctx context.Context, b *Redis, channel string, after replay.Position, limit int, returned *atomic.Int64) <-chan readResult {
+	got := make(chan readResult, 1)
+	go func() {
+		page, err := b.Read(ctx, channel, &after, limit)
+		returned.Add(1)
+		got <- readResult{page, err}
+	}()
+	return got
+}
+
+func awaitRead(t *testing.T, got <-chan readResult) readResult {
+	t.Helper()
+	select {
+	case r := <-got:
+		return r
+	case <-time.After(redisWait):
+		t.Fatal("a read did not return")
+		return readResult{}
+	}
+}
+
+// Streams that ask Redis for the same page at once (a reconnect storm: every
+// client of a channel back with the same Last-Event-ID) share one read: the
+// ones that ask while a read is in the air wait for it to land and share
+// the next, which holds what was published after the first was sent.
+func TestRedisReadsOfTheSamePageShareOneRead(t *testing.T) {
+	srv := redistest.Start(t)
+	b := newTestRedis(t, srv)
+	hook := newHeldReads()
+	b.client.AddHook(hook)
+	publishN(t, b, "c", 1, 3)
+	ctx := context.Background()
+	first, _ := b.Read(ctx, "c", &replay.Position{}, 100) // loads the library
+	if pageData(first) != "1 2 3 " {
+		t.Fatalf("first read: %q", pageData(first))
+	}
+	after := first.Events[0].Pos
+	hook.sent.Store(0)
+	hook.armed.Store(true)
+	var returned atomic.Int64
+	inAir := readAsync(ctx, b, "c", after, 100, &returned)
+	<-hook.held // Redis answered it; its page ends at 3
+	publishN(t, b, "c", 4, 4)
+	const followers = 50
+	var waiting []<-chan readResult
+	for range followers {
+		waiting = append(waiting, readAsync(ctx, b, "c", after, 100, &returned))
+	}
+	readsSettled(t, b, newReadQuestion(b.Key("c"), &after, 100), 1+followers, 1, &returned)
+	close(hook.release)
+	if r := awaitRead(t, inAir); r.err != nil || pageData(r.page) != "2 3 " {
+		t.Fatalf("the read in the air: %q, %v", pageData(r.page), r.err)
+	}
+	for i, got := range waiting {
+		r := awaitRead(t, got)
+		if r.err != nil || pageData(r.page) != "2 3 4 " || r.page.Head.Seq != 4 {
+			t.Fatalf("reader %d: %q head %v, %v; want events 2 3 4 (4 was published before it asked)", i, pageData(r.page), r.page.Head, r.err)
+		}
+	}
+	if n := hook.sent.Load(); n != 2 {
+		t.Errorf("%d reads sent to Redis for %d readers of the same page, want 2", n, followers+1)
+	}
+	b.reads.mu.Lock()
+	defer b.reads.mu.Unlock()
+	if n := len(b.reads.inAir); n != 0 {
+		t.Errorf("%d reads left in the air", n)
+	}
+}
+
+// A reader that gives up leaves the read to the others; a read that no one
+// waits for any more is not sent.
+func TestRedisReadOfTheSamePageOutlivesAReaderThatGivesUp(t *testing.T) {
+	srv := redistest.Start(t)
+	b := newTestRedis(t, srv)
+	hook := newHeldReads()
+	b.client.AddHook(hook)
+	publishN(t, b, "c", 1, 2)
+	after := replay.Position{}
+	if _, err := b.Read(context.Background(), "c", &after, 10); err != nil {
+		t.Fatal(err)
+	}
+	hook.sent.Store(0)
+	hook.armed.Store(true)
+	var returned atomic.Int64
+	ctxFirst, cancelFirst := context.WithCancel(context.Background())
+	inAir := readAsync(ctxFirst, b, "c", after, 10, &returned)
+	<-hook.held
+	ctxQuitter, cancelQuitter := context.WithCancel(context.Background())
+	quitter := readAsync(ctxQuitter, b, "c", after, 10, &returned)
+	stayer := readAsync(context.Background(), b, "c", after, 10, &returned)
+	q := newReadQuestion(b.Key("c"), &after, 10)
+	readsSettled(t, b, q, 3, 1, &returned)
+	cancelFirst()
+	cancelQuitter()
+	for name, got := range map[string]<-chan readResult{"the first reader": inAir, "the reader that gave up": quitter} {
+		if r := awaitRead(t, got); !errors.Is(r.err, context.Canceled) {
+			t.Fatalf("%s, its context canceled while the read was in the air: %v", name, r.err)
+		}
+	}
+	close(hook.release)
+	if r := awaitRead(t, stayer); r.err != nil || pageData(r.page) != "1 2 " {
+		t.Fatalf("the reader that stayed: %q, %v", pageData(r.page), r.err)
+	}
+	// a read whose one reader leaves before it is sent is not sent
+	hook.held, hook.release = make(chan struct{}), make(chan struct{})
+	hook.armed.Store(true)
+	sentBefore := hook.sent.Load()
+	returned.Store(0)
+	inAir = readAsync(context.Background(), b, "c", after, 10, &returned)
+	<-hook.held
+	ctxLeaver, cancelLeaver := context.WithCancel(context.Background())
+	leaver := readAsync(ctxLeaver, b, "c", after, 10, &returned)
+	readsSettled(t, b, q, 2, 1, &returned)
+	cancelLeaver()
+	awaitRead(t, leaver)
+	close(hook.release)
+	if r := awaitRead(t, inAir); r.err != nil {
+		t.Fatal(r.err)
+	}
+	if n := hook.sent.Load() - sentBefore; n != 1 {
+		t.Errorf("%d reads sent, want 1: the next read had no one waiting", n)
+	}
+	b.reads.mu.Lock()
+	defer b.reads.mu.Unlock()
+	if n := len(b.reads.inAir); n != 0 {
+		t.Errorf("%d reads left in the air", n)
+	}
+}
