@@ -147,7 +147,7 @@ func NewRedis(opts RedisOptions, deliver DeliverFunc) (*Redis, error) {
 	b.quit = make(chan struct{})
 	b.local.epoch = newLocalEpoch()
 	b.watch = newWatcher(b)
-	b.reads.ask = b.askRead
+	b.reads.ask, b.reads.overdue = b.askRead, readOverdue
 	return b, nil
 }
 

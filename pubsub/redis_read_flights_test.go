@@ -121,6 +121,7 @@ func awaitRead(t *testing.T, got <-chan readResult) readResult {
 func TestRedisReadsOfTheSamePageShareOneRead(t *testing.T) {
 	srv := redistest.Start(t)
 	b := newTestRedis(t, srv)
+	b.reads.overdue = time.Hour // the read in the air is held as long as the test needs
 	hook := newHeldReads()
 	b.client.AddHook(hook)
 	publishN(t, b, "c", 1, 3)
@@ -163,10 +164,11 @@ func TestRedisReadsOfTheSamePageShareOneRead(t *testing.T) {
 }
 
 // A reader that gives up leaves the read to the others; a read that no one
-// waits for any more is not sent.
+// waits for any more is cancelled, and the next sent at once.
 func TestRedisReadOfTheSamePageOutlivesAReaderThatGivesUp(t *testing.T) {
 	srv := redistest.Start(t)
 	b := newTestRedis(t, srv)
+	b.reads.overdue = time.Hour
 	hook := newHeldReads()
 	b.client.AddHook(hook)
 	publishN(t, b, "c", 1, 2)
@@ -192,16 +194,31 @@ func TestRedisReadOfTheSamePageOutlivesAReaderThatGivesUp(t *testing.T) {
 			t.Fatalf("%s, its context canceled while the read was in the air: %v", name, r.err)
 		}
 	}
-	close(hook.release)
+	// the read no one waits for is cancelled, and may linger in go-redis: the
+	// next is sent without waiting for it
 	if r := awaitRead(t, stayer); r.err != nil || pageData(r.page) != "1 2 " {
 		t.Fatalf("the reader that stayed: %q, %v", pageData(r.page), r.err)
 	}
-	// a read whose one reader leaves before it is sent is not sent
-	hook.held, hook.release = make(chan struct{}), make(chan struct{})
+	close(hook.release)
+}
+
+// A read whose one reader leaves before it is sent is not sent.
+func TestRedisReadOfTheSamePageNotSentForNoOne(t *testing.T) {
+	srv := redistest.Start(t)
+	b := newTestRedis(t, srv)
+	b.reads.overdue = time.Hour
+	hook := newHeldReads()
+	b.client.AddHook(hook)
+	publishN(t, b, "c", 1, 2)
+	after := replay.Position{}
+	if _, err := b.Read(context.Background(), "c", &after, 10); err != nil {
+		t.Fatal(err)
+	}
+	q := newReadQuestion(b.Key("c"), &after, 10)
 	hook.armed.Store(true)
 	sentBefore := hook.sent.Load()
-	returned.Store(0)
-	inAir = readAsync(context.Background(), b, "c", after, 10, &returned)
+	var returned atomic.Int64
+	inAir := readAsync(context.Background(), b, "c", after, 10, &returned)
 	<-hook.held
 	ctxLeaver, cancelLeaver := context.WithCancel(context.Background())
 	leaver := readAsync(ctxLeaver, b, "c", after, 10, &returned)
@@ -219,5 +236,37 @@ func TestRedisReadOfTheSamePageOutlivesAReaderThatGivesUp(t *testing.T) {
 	defer b.reads.mu.Unlock()
 	if n := len(b.reads.inAir); n != 0 {
 		t.Errorf("%d reads left in the air", n)
+	}
+}
+
+// A read that hangs (a connection Redis no longer answers on: go-redis
+// gives up on it only at its read timeout) does not hold up the streams
+// that ask the same after it: the next read is sent once it is overdue.
+func TestRedisReadOfTheSamePageDoesNotWaitForOneThatHangs(t *testing.T) {
+	srv := redistest.Start(t)
+	b := newTestRedis(t, srv)
+	b.reads.overdue = 50 * time.Millisecond
+	hook := newHeldReads()
+	b.client.AddHook(hook)
+	publishN(t, b, "c", 1, 2)
+	after := replay.Position{}
+	if _, err := b.Read(context.Background(), "c", &after, 10); err != nil {
+		t.Fatal(err)
+	}
+	hook.armed.Store(true)
+	var returned atomic.Int64
+	hung := readAsync(context.Background(), b, "c", after, 10, &returned)
+	<-hook.held
+	defer close(hook.release)
+	publishN(t, b, "c", 3, 3)
+	for i := range 3 { // the first boards the read after the hung one; later ones, reads after that
+		if r := awaitRead(t, readAsync(context.Background(), b, "c", after, 10, &returned)); r.err != nil || pageData(r.page) != "1 2 3 " {
+			t.Fatalf("read %d after one that hangs: %q, %v", i, pageData(r.page), r.err)
+		}
+	}
+	select {
+	case <-hung:
+		t.Fatal("the held read returned before it was released")
+	default:
 	}
 }
