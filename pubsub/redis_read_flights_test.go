@@ -70,6 +70,24 @@ func readersOf(b *Redis, q readQuestion) int {
 	return n
 }
 
+// redisWithHeldReads is a broker whose reads pass heldReads, with events
+// 1 to n published on channel "c" and read once (which loads the library:
+// page); reads held in the air stay there for overdue at most.
+func redisWithHeldReads(t *testing.T, overdue time.Duration, n int) (b *Redis, hook *heldReads, page replay.Page) {
+	t.Helper()
+	b = newTestRedis(t, redistest.Start(t))
+	b.reads.overdue = overdue
+	hook = newHeldReads()
+	b.client.AddHook(hook)
+	publishN(t, b, "c", 1, n)
+	page, err := b.Read(context.Background(), "c", &replay.Position{}, 100)
+	if err != nil || len(page.Events) != n {
+		t.Fatalf("first read: %q, %v", pageData(page), err)
+	}
+	hook.sent.Store(0)
+	return b, hook, page
+}
+
 func publishN(t *testing.T, b *Redis, channel string, from, to int) {
 	t.Helper()
 	for i := from; i <= to; i++ {
@@ -119,19 +137,9 @@ func awaitRead(t *testing.T, got <-chan readResult) readResult {
 // ones that ask while a read is in the air wait for it to land and share
 // the next, which holds what was published after the first was sent.
 func TestRedisReadsOfTheSamePageShareOneRead(t *testing.T) {
-	srv := redistest.Start(t)
-	b := newTestRedis(t, srv)
-	b.reads.overdue = time.Hour // the read in the air is held as long as the test needs
-	hook := newHeldReads()
-	b.client.AddHook(hook)
-	publishN(t, b, "c", 1, 3)
+	b, hook, first := redisWithHeldReads(t, time.Hour, 3) // the read in the air is held as long as the test needs
 	ctx := context.Background()
-	first, _ := b.Read(ctx, "c", &replay.Position{}, 100) // loads the library
-	if pageData(first) != "1 2 3 " {
-		t.Fatalf("first read: %q", pageData(first))
-	}
 	after := first.Events[0].Pos
-	hook.sent.Store(0)
 	hook.armed.Store(true)
 	var returned atomic.Int64
 	inAir := readAsync(ctx, b, "c", after, 100, &returned)
@@ -166,17 +174,8 @@ func TestRedisReadsOfTheSamePageShareOneRead(t *testing.T) {
 // A reader that gives up leaves the read to the others; a read that no one
 // waits for any more is cancelled, and the next sent at once.
 func TestRedisReadOfTheSamePageOutlivesAReaderThatGivesUp(t *testing.T) {
-	srv := redistest.Start(t)
-	b := newTestRedis(t, srv)
-	b.reads.overdue = time.Hour
-	hook := newHeldReads()
-	b.client.AddHook(hook)
-	publishN(t, b, "c", 1, 2)
+	b, hook, _ := redisWithHeldReads(t, time.Hour, 2)
 	after := replay.Position{}
-	if _, err := b.Read(context.Background(), "c", &after, 10); err != nil {
-		t.Fatal(err)
-	}
-	hook.sent.Store(0)
 	hook.armed.Store(true)
 	var returned atomic.Int64
 	ctxFirst, cancelFirst := context.WithCancel(context.Background())
@@ -204,16 +203,8 @@ func TestRedisReadOfTheSamePageOutlivesAReaderThatGivesUp(t *testing.T) {
 
 // A read whose one reader leaves before it is sent is not sent.
 func TestRedisReadOfTheSamePageNotSentForNoOne(t *testing.T) {
-	srv := redistest.Start(t)
-	b := newTestRedis(t, srv)
-	b.reads.overdue = time.Hour
-	hook := newHeldReads()
-	b.client.AddHook(hook)
-	publishN(t, b, "c", 1, 2)
+	b, hook, _ := redisWithHeldReads(t, time.Hour, 2)
 	after := replay.Position{}
-	if _, err := b.Read(context.Background(), "c", &after, 10); err != nil {
-		t.Fatal(err)
-	}
 	q := newReadQuestion(b.Key("c"), &after, 10)
 	hook.armed.Store(true)
 	sentBefore := hook.sent.Load()
@@ -243,16 +234,8 @@ func TestRedisReadOfTheSamePageNotSentForNoOne(t *testing.T) {
 // gives up on it only at its read timeout) does not hold up the streams
 // that ask the same after it: the next read is sent once it is overdue.
 func TestRedisReadOfTheSamePageDoesNotWaitForOneThatHangs(t *testing.T) {
-	srv := redistest.Start(t)
-	b := newTestRedis(t, srv)
-	b.reads.overdue = 50 * time.Millisecond
-	hook := newHeldReads()
-	b.client.AddHook(hook)
-	publishN(t, b, "c", 1, 2)
+	b, hook, _ := redisWithHeldReads(t, 50*time.Millisecond, 2)
 	after := replay.Position{}
-	if _, err := b.Read(context.Background(), "c", &after, 10); err != nil {
-		t.Fatal(err)
-	}
 	hook.armed.Store(true)
 	var returned atomic.Int64
 	hung := readAsync(context.Background(), b, "c", after, 10, &returned)
