@@ -79,7 +79,7 @@ type Redis struct {
 	logs    logStack // the newest logger its users gave it, first its own (UseLogger)
 	watch   *watcher
 	local   localFallback
-	reads   readFlights // a replay's reads, one per question at a time
+	reads   readFlights // its streams' history reads (replays, catch-ups), shared by those that ask the same at once
 
 	onClose       []func() // run by Close before the client closes
 	onFirstStatus func()   // has the broker connect, at the first BackendStatus
