@@ -300,3 +300,39 @@ func TestRedisUpTellsAnUnreachableRedisBeforeAnyTraffic(t *testing.T) {
 		return metric(t, srv.scrape(), "caddy_sse_redis_up") == 1
 	})
 }
+
+// caddy_sse_redis_history_reads_total counts the reads of histories that
+// streams asked of Redis, and caddy_sse_redis_history_reads_sent_total
+// those sent to it: a reconnect's replay is one of each when no other
+// stream asks the same at once (pubsub's tests hold those that do). Both
+// run on across a reload that replaces the hub.
+func TestRedisHistoryReadsAreCounted(t *testing.T) {
+	rds := redistest.Start(t)
+	site := metricsRedisSite(rds.URL())
+	srv := startCaddy(t, site)
+	first := srv.publish("/events", map[string]any{"channel": "a", "data": "1"})
+	srv.publish("/events", map[string]any{"channel": "a", "data": "2"})
+	srv.subscribe("/events?channels=a", nil).comment("ok") // the instance follows a
+	before := srv.scrape()
+	reads0, sent0 := metric(t, before, "caddy_sse_redis_history_reads_total"), metric(t, before, "caddy_sse_redis_history_reads_sent_total")
+	const reconnects = 3
+	for range reconnects {
+		c := srv.subscribe("/events?channels=a", header("Last-Event-ID", first["a"]))
+		if ev := c.next(); ev.Data != "2" {
+			t.Fatalf("the replay: %+v", ev)
+		}
+		c.close()
+	}
+	after := srv.scrape()
+	reads, sent := metric(t, after, "caddy_sse_redis_history_reads_total"), metric(t, after, "caddy_sse_redis_history_reads_sent_total")
+	// the hub's own reads (its throttles') may fall between the scrapes
+	if reads-reads0 < reconnects || sent-sent0 != reads-reads0 {
+		t.Fatalf("after %d reconnects one at a time: history reads %v → %v, sent %v → %v; want each %d more (or more, alike)",
+			reconnects, reads0, reads, sent0, sent, reconnects)
+	}
+	srv.reload(strings.Replace(site, "check_interval 300ms", "check_interval 400ms", 1))
+	s := srv.scrape()
+	if got, gotSent := metric(t, s, "caddy_sse_redis_history_reads_total"), metric(t, s, "caddy_sse_redis_history_reads_sent_total"); got < reads || gotSent < sent {
+		t.Fatalf("after a reload that replaced the hub: history reads %v, sent %v; they were %v, %v", got, gotSent, reads, sent)
+	}
+}

@@ -235,15 +235,13 @@ func (m *metrics) queueDepth(shard uint8, events int) {
 // every hub whose broker implements pubsub.BackendReporter. It reports
 // nothing while no hub has such a broker (the embedded hub).
 type backendCollector struct {
-	up, reconnects, channels, denied *prometheus.Desc
+	up, reconnects, channels, denied, reads, readsSent *prometheus.Desc
 
-	mu sync.Mutex
-	// seen holds the reconnections of each hub (by its key in the pool) as
-	// last collected, and gone the sum of those of the hubs closed since:
-	// a reload with other Redis settings replaces a hub, and the counter
-	// must run on instead of falling back to the new hub's count
-	seen map[any]uint64
-	gone uint64
+	mu sync.Mutex // two registries may collect at once (a reload): one at a time
+	// the counters of the hubs run on across a reload with other Redis
+	// settings, which replaces a hub, instead of falling back to the new
+	// hub's counts
+	reconnectsRun, readsRun, readsSentRun runningCount
 }
 
 func newBackendCollector() *backendCollector {
@@ -256,6 +254,10 @@ func newBackendCollector() *backendCollector {
 			"Channels subscribed to on Redis backends.", nil, nil),
 		denied: prometheus.NewDesc("caddy_sse_redis_channels_denied",
 			"Channels whose subscription Redis refuses this instance's user (ACL: SSUBSCRIBE or the shard channels): their streams get no live events, and new ones open degraded.", nil, nil),
+		reads: prometheus.NewDesc("caddy_sse_redis_history_reads_total",
+			"Reads of channels' histories that streams asked of Redis backends (replays, catch-ups, recoveries).", nil, nil),
+		readsSent: prometheus.NewDesc("caddy_sse_redis_history_reads_sent_total",
+			"Of those, the reads sent to Redis: streams that ask for the same page at once share one read.", nil, nil),
 	}
 }
 
@@ -265,14 +267,16 @@ func (c *backendCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.reconnects
 	ch <- c.channels
 	ch <- c.denied
+	ch <- c.reads
+	ch <- c.readsSent
 }
 
 // Collect sums the status of the hubs' backends.
 func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
 	found, up := false, true
 	var channels, denied int
-	reconnects := map[any]uint64{}
-	c.mu.Lock() // two registries may collect at once (a reload): one at a time
+	reconnects, reads, sent := map[any]uint64{}, map[any]uint64{}, map[any]uint64{}
+	c.mu.Lock()
 	defer c.mu.Unlock()
 	hubs.Range(func(key, val any) bool {
 		hub, ok := val.(interface{ Broker() pubsub.Broker })
@@ -285,12 +289,19 @@ func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		st := rep.BackendStatus()
 		found, up = true, up && st.Up
-		reconnects[key] = st.Reconnects
+		reconnects[key], reads[key], sent[key] = st.Reconnects, st.HistoryReads, st.HistoryReadsSent
 		channels += st.Channels
 		denied += st.Denied
 		return true
 	})
-	total := c.reconnectsSoFar(reconnects)
+	counters := []struct {
+		desc  *prometheus.Desc
+		total uint64
+	}{
+		{c.reconnects, c.reconnectsRun.soFar(reconnects)},
+		{c.reads, c.readsRun.soFar(reads)},
+		{c.readsSent, c.readsSentRun.soFar(sent)},
+	}
 	if !found {
 		return
 	}
@@ -299,22 +310,31 @@ func (c *backendCollector) Collect(ch chan<- prometheus.Metric) {
 		upValue = 1
 	}
 	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, upValue)
-	ch <- prometheus.MustNewConstMetric(c.reconnects, prometheus.CounterValue, float64(total))
+	for _, k := range counters {
+		ch <- prometheus.MustNewConstMetric(k.desc, prometheus.CounterValue, float64(k.total))
+	}
 	ch <- prometheus.MustNewConstMetric(c.channels, prometheus.GaugeValue, float64(channels))
 	ch <- prometheus.MustNewConstMetric(c.denied, prometheus.GaugeValue, float64(denied))
 }
 
-// reconnectsSoFar returns the reconnections of the hubs in use (now, by
-// key) and of those closed since the collector saw them; c.mu is held. A
-// hub whose count went down is a new one under the same key.
-func (c *backendCollector) reconnectsSoFar(now map[any]uint64) uint64 {
-	for key, n := range c.seen {
+// runningCount is a counter summed over the hubs in use and those closed
+// since the collector saw them.
+type runningCount struct {
+	seen map[any]uint64 // each hub's count (by its key in the pool) as last collected
+	gone uint64         // the sum of those of the hubs closed since
+}
+
+// soFar returns the count of the hubs in use (now, by key) and of those
+// closed since; the collector's mu is held. A hub whose count went down is
+// a new one under the same key.
+func (r *runningCount) soFar(now map[any]uint64) uint64 {
+	for key, n := range r.seen {
 		if m, ok := now[key]; !ok || m < n {
-			c.gone += n
+			r.gone += n
 		}
 	}
-	c.seen = now
-	total := c.gone
+	r.seen = now
+	total := r.gone
 	for _, n := range now {
 		total += n
 	}

@@ -676,7 +676,8 @@ func (b *Redis) BackendStatus() BackendStatus {
 			go b.onFirstStatus()
 		}
 	})
-	st := BackendStatus{Up: b.up.Load(), Reconnects: b.reconnects.Load(), Channels: b.watch.count()}
+	st := BackendStatus{Up: b.up.Load(), Reconnects: b.reconnects.Load(), Channels: b.watch.count(),
+		HistoryReads: b.reads.asked.Load(), HistoryReadsSent: b.reads.sent.Load()}
 	if st.Denied = b.watch.countDenied(); st.Denied > 0 {
 		if err := b.deniedError(); err != nil {
 			st.DeniedError = err.Error()

@@ -3,6 +3,7 @@ package pubsub
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddy-sse/caddy-sse/replay"
@@ -27,6 +28,8 @@ type readFlights struct {
 	overdue time.Duration                                  // readOverdue; a test's own
 	mu      sync.Mutex
 	inAir   map[readQuestion]*readFlight // the newest read sent for each question
+	asked   atomic.Uint64                // reads asked (BackendStatus)
+	sent    atomic.Uint64                // reads sent to Redis
 }
 
 // readQuestion is what a read asks: the events of a key after a position
@@ -96,6 +99,7 @@ func (f *readFlights) read(ctx context.Context, q readQuestion) readAnswer {
 // board takes a seat on the next read of q to be sent: a new one, sent at
 // once, if none is in the air, or the one to follow it.
 func (f *readFlights) board(ctx context.Context, q readQuestion) *readFlight {
+	f.asked.Add(1)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	fl := f.inAir[q]
@@ -130,6 +134,7 @@ func (f *readFlights) send(fl *readFlight) {
 	var ctx context.Context
 	ctx, fl.cancel = context.WithCancel(fl.values)
 	fl.sentAt = time.Now()
+	f.sent.Add(1)
 	if f.inAir == nil {
 		f.inAir = make(map[readQuestion]*readFlight)
 	}

@@ -20,4 +20,9 @@ type BackendStatus struct {
 	// streams get no live events, and new ones open degraded.
 	Denied      int
 	DeniedError string
+	// HistoryReads counts the reads of channels' histories that streams
+	// asked of the backend (replays, catch-ups, recoveries), and
+	// HistoryReadsSent those sent to it: streams that ask the same at once
+	// share one read.
+	HistoryReads, HistoryReadsSent uint64
 }
