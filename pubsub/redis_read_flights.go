@@ -21,8 +21,9 @@ import (
 // so an event missing from the page would reach it only with the next
 // one). Those that ask while a read is in the air share the next one,
 // sent when it lands (or once it is overdue): a read waits at most one
-// round trip more, and Redis answers each distinct question at most twice
-// per round trip however many streams ask it.
+// round trip more, and Redis gets about one read of each distinct question
+// per round trip however many streams ask it. (libraryLoads shares a load
+// under way instead: a load is the same whenever it ran; a page is not.)
 type readFlights struct {
 	ask     func(context.Context, readQuestion) readAnswer // reads Redis
 	overdue time.Duration                                  // readOverdue; a test's own
