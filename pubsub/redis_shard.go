@@ -76,8 +76,9 @@ func newShard(w *watcher, id string, client redis.UniversalClient) *shard {
 func (s *shard) attach(key string, wt *watch) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_, had := s.keys[key]
+	old, had := s.keys[key]
 	s.keys[key] = wt
+	wt.subscribed.Store(had && old.subscribed.Load()) // a watch replaced keeps its subscription
 	if had {
 		s.queueSyncLocked(key)
 	}
@@ -544,6 +545,9 @@ func (s *shard) onSubscription(m *redis.Subscription) {
 	_, ours := s.keys[m.Channel]
 	switch m.Kind {
 	case "ssubscribe":
+		if wt := s.keys[m.Channel]; wt != nil {
+			wt.subscribed.Store(true)
+		}
 		s.unconfirmed--
 		s.confirming = time.Now()
 		s.queueSyncLocked(m.Channel)

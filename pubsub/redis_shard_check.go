@@ -69,8 +69,10 @@ func (s *shard) maybeCheck(idle bool) {
 	switch {
 	case full:
 		s.lastCheck = time.Now()
-		for key := range s.keys {
-			keys = append(keys, key)
+		for key, wt := range s.keys {
+			if wt.subscribed.Load() || wt.isKnown() { // the others' confirmation syncs them
+				keys = append(keys, key)
+			}
 		}
 		s.toSync = s.toSync[:0]
 	case len(s.toSync) > 0 && (s.unconfirmed <= 0 || idle || s.syncDueLocked()):

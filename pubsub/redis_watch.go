@@ -64,6 +64,12 @@ type watch struct {
 	// denied: Redis refuses the subscriptions of its shard (an ACL): no
 	// live event comes (redis_denied.go).
 	denied atomic.Bool
+	// subscribed: Redis confirmed the channel's subscription on its
+	// shard's connection. The first sync waits for it (syncHead): a head
+	// read before it could be passed by an event announced before the
+	// subscription took effect, and a stream waiting for the sync would go
+	// on before Redis answered — refused, it is to open degraded.
+	subscribed atomic.Bool
 
 	// ready is closed once last is known (or the watch is dropped): the
 	// streams that join a channel before its first sync wait for it
@@ -194,6 +200,7 @@ func (w *watcher) adoptEmpty(key string, head replay.Position) {
 // started at last then would be handed those events, published before it
 // joined (SPEC S4: a fresh stream starts live).
 func (wt *watch) lostSubscription() {
+	wt.subscribed.Store(false)
 	wt.mu.Lock()
 	wt.behind = true
 	wt.losses++
@@ -635,6 +642,10 @@ func (w *watcher) repairLocked(wt *watch) bool {
 func (w *watcher) syncHead(h headOf) {
 	wt, head, before := h.wt, h.head, h.before
 	wt.mu.Lock()
+	if !wt.known && !wt.subscribed.Load() {
+		wt.mu.Unlock() // a check of every channel: its confirmation syncs it
+		return
+	}
 	if !wt.known && h.unread != nil && !w.givesUpNewest(wt, h.unread) {
 		wt.mu.Unlock()
 		return

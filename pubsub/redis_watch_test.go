@@ -191,6 +191,64 @@ func TestRedisWaitForAFirstSyncOutlastsAnotherChannelsRefusal(t *testing.T) {
 	}
 }
 
+// A channel's first sync waits for Redis to confirm its subscription. The
+// check every interval read the heads of every channel its shard carried,
+// answered or not, and made that its first sync: a stream waiting for it
+// went on before Redis had answered the subscription, so a reconnect to a
+// channel Redis refuses (an ACL) could replay it as a live one instead of
+// opening degraded (a CI run of the module's
+// TestRedisStreamWaitingForRefusedChannelsCountsItsReplayOnce), and an
+// event published before a subscription took effect went unannounced
+// until the next check. A refused channel, never confirmed, shows it: a
+// check after the refusal synced it.
+func TestRedisFirstSyncWaitsForTheSubscription(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.MustCLI("ACL", "SETUSER", "app", "on", ">pw", "~*", "+@all", "resetchannels", "&sse:{granted}")
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}, CheckInterval: 20 * time.Millisecond,
+		Username: "app", Password: "pw"})
+	defer hub.Subscribe(newRedisRecorder(), []string{"granted", "refused"}).Close()
+	refused := broker.watch.lookup(broker.Key("refused"))
+	for deadline := time.Now().Add(redisWait); !refused.denied.Load(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the channel was not refused")
+		}
+	}
+	awaitFullChecks(t, broker, 3)
+	if refused.isKnown() {
+		t.Fatal("a channel whose subscription Redis refused had its first sync")
+	}
+	if granted := broker.watch.lookup(broker.Key("granted")); !granted.isKnown() {
+		t.Fatal("the granted channel had no first sync")
+	}
+}
+
+// awaitFullChecks waits until n checks of every channel of the broker's
+// only shard have begun and ended since it was called.
+func awaitFullChecks(t *testing.T, broker *Redis, n int) {
+	t.Helper()
+	broker.watch.mu.Lock()
+	s := broker.watch.shards["main"]
+	broker.watch.mu.Unlock()
+	deadline := time.Now().Add(redisWait)
+	for range n {
+		s.mu.Lock()
+		since := s.lastCheck
+		s.mu.Unlock()
+		for {
+			s.mu.Lock()
+			done := s.lastCheck.After(since) && !s.checking
+			s.mu.Unlock()
+			if done {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the shard made no full check within %v", redisWait)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+}
+
 // A refused channel is asked for again every refusedRetry (2 s) on a quiet
 // connection too, whatever the check interval: the retries ran only when
 // the receive loop woke, at a message or once per check interval (5 s by
