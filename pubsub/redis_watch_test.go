@@ -208,11 +208,7 @@ func TestRedisFirstSyncWaitsForTheSubscription(t *testing.T) {
 		Username: "app", Password: "pw"})
 	defer hub.Subscribe(newRedisRecorder(), []string{"granted", "refused"}).Close()
 	refused := broker.watch.lookup(broker.Key("refused"))
-	for deadline := time.Now().Add(redisWait); !refused.denied.Load(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the channel was not refused")
-		}
-	}
+	pollUntil(t, "the channel's refusal", refused.denied.Load)
 	awaitFullChecks(t, broker, 3)
 	if refused.isKnown() {
 		t.Fatal("a channel whose subscription Redis refused had its first sync")
@@ -229,22 +225,25 @@ func awaitFullChecks(t *testing.T, broker *Redis, n int) {
 	broker.watch.mu.Lock()
 	s := broker.watch.shards["main"]
 	broker.watch.mu.Unlock()
-	deadline := time.Now().Add(redisWait)
 	for range n {
 		s.mu.Lock()
 		since := s.lastCheck
 		s.mu.Unlock()
-		for {
+		pollUntil(t, "a full check of the shard", func() bool {
 			s.mu.Lock()
-			done := s.lastCheck.After(since) && !s.checking
-			s.mu.Unlock()
-			if done {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the shard made no full check within %v", redisWait)
-			}
-			time.Sleep(time.Millisecond)
+			defer s.mu.Unlock()
+			return s.lastCheck.After(since) && !s.checking
+		})
+	}
+}
+
+// pollUntil polls cond every millisecond until it holds, for at most
+// redisWait; what names the wait in the failure.
+func pollUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(redisWait); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %v for %s", redisWait, what)
 		}
 	}
 }
@@ -475,19 +474,11 @@ func TestRedisNewStreamWhileResubscribingStartsAtTheHead(t *testing.T) {
 func waitBehind(t *testing.T, broker *Redis, channel string) {
 	t.Helper()
 	wt := broker.watch.lookup(broker.Key(channel))
-	deadline := time.Now().Add(redisWait)
-	for {
+	pollUntil(t, "the watch of "+channel+" to notice that its pub/sub connection was killed", func() bool {
 		wt.mu.RLock()
-		behind := wt.behind
-		wt.mu.RUnlock()
-		if behind {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the watch of %s did not notice that its pub/sub connection was killed", channel)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		defer wt.mu.RUnlock()
+		return wt.behind
+	})
 }
 
 func waitDelivered(t *testing.T, broker *Redis, channel string, at replay.Position) {
