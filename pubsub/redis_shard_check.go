@@ -39,7 +39,8 @@ const syncBatchWait = 5 * time.Millisecond
 
 // maybeCheck compares heads: of channels just (re)subscribed, once all
 // subscriptions are confirmed or the connection is idle; of every channel,
-// once per check interval.
+// once per check interval — but for those still to have their first sync
+// and whose subscription Redis has not confirmed (syncHead).
 //
 // The check runs on a goroutine of its own, one at a time per shard. On
 // the receive loop, every event announced while it read the heads of all
@@ -70,7 +71,7 @@ func (s *shard) maybeCheck(idle bool) {
 	case full:
 		s.lastCheck = time.Now()
 		for key, wt := range s.keys {
-			if wt.subscribed.Load() || wt.isKnown() { // the others' confirmation syncs them
+			if wt.subscribed.Load() || wt.isKnown() { // the others' confirmations sync them
 				keys = append(keys, key)
 			}
 		}
