@@ -510,20 +510,34 @@ func (s *Sentinel) WaitFailedOver(t testing.TB, deadline time.Time) {
 	}
 }
 
+// ShardSubscribers is how many connections subscribe to the shard channel
+// (PUBSUB SHARDNUMSUB); -1 if Redis did not answer.
+func (s *Server) ShardSubscribers(channel string) int {
+	out, err := s.CLI("PUBSUB", "SHARDNUMSUB", channel)
+	f := strings.Fields(out)
+	if err != nil || len(f) != 2 {
+		return -1
+	}
+	n, err := strconv.Atoi(f[1])
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
 // WaitShardSubscribers waits until n connections subscribe to the shard
-// channel (PUBSUB SHARDNUMSUB); the module subscribes asynchronously.
+// channel (ShardSubscribers); the module subscribes asynchronously.
 func (s *Server) WaitShardSubscribers(t testing.TB, channel string, n int) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
-	var out string
+	got := -1
 	for time.Now().Before(deadline) {
-		out, _ = s.CLI("PUBSUB", "SHARDNUMSUB", channel)
-		if f := strings.Fields(out); len(f) == 2 && f[1] == strconv.Itoa(n) {
+		if got = s.ShardSubscribers(channel); got == n {
 			return
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	t.Fatalf("shard channel %s has subscribers %q, want %d", channel, out, n)
+	t.Fatalf("shard channel %s has %d subscribers (-1: no answer), want %d", channel, got, n)
 }
 
 // SlotOf is Redis Cluster's hash slot of a channel's keys: CRC-16/XMODEM
