@@ -80,16 +80,19 @@ func TestChaosFlags(t *testing.T) {
 // -chaos kill-redis and stop-redis act on the spawned Redis alone (here
 // the streams' server is the in-process fake, which does not use it), start
 // it again on its port, and the run stops the Redis it started last: nothing
-// is left listening.
+// is left listening. The run is long enough for the second action on a
+// loaded box: the next action waits -chaos-every after the last one ends
+// (Redis restarted), and a 2 s run beside a CPU hog and the other test
+// lane ended before it.
 func TestChaosRedisActionsLeaveNothingRunning(t *testing.T) {
 	redisBin := needRedis(t)
 	base := serve(t, newFakeSSE())
 	port := strconv.Itoa(freePorts(t, 1)[0])
-	args := append([]string{"fanout", "-conns", "20", "-rate", "20", "-duration", "2s", "-channel-prefix", "cr",
+	args := append([]string{"fanout", "-conns", "20", "-rate", "20", "-duration", "4s", "-channel-prefix", "cr",
 		"-spawn-redis", redisBin, "-redis-port", port,
-		"-chaos", "kill-redis,stop-redis", "-chaos-every", "600ms", "-chaos-down", "100ms"}, common(base)...)
+		"-chaos", "kill-redis,stop-redis", "-chaos-every", "400ms", "-chaos-down", "100ms"}, common(base)...)
 	res, summary := runScenario(t, args...)
-	checkDelivery(t, res, 20, 20*40)
+	checkDelivery(t, res, 20, 20*80)
 	if len(res.Chaos) < 2 || res.Chaos[0].Action != "kill-redis" || res.Chaos[1].Action != "stop-redis" {
 		t.Fatalf("chaos %+v\n%s", res.Chaos, summary)
 	}
