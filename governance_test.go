@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-sse/caddy-sse/internal/waitfor"
 	"github.com/caddy-sse/caddy-sse/replay"
 )
 
@@ -34,13 +35,7 @@ const governedSite = `
 // eventually polls cond until it holds, failing the test after waitFor.
 func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(waitFor)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, waitFor)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitfor.Until(t, what, waitFor, 10*time.Millisecond, cond)
 }
 
 // throttleForTest throttles a client in the embedded hub, as a slow

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-sse/caddy-sse/internal/redistest"
+	"github.com/caddy-sse/caddy-sse/internal/waitfor"
 	"github.com/caddy-sse/caddy-sse/replay"
 )
 
@@ -241,11 +242,7 @@ func awaitFullChecks(t *testing.T, broker *Redis, n int) {
 // redisWait; what names the wait in the failure.
 func pollUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(redisWait); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited %v for %s", redisWait, what)
-		}
-	}
+	waitfor.Until(t, what, redisWait, time.Millisecond, cond)
 }
 
 // A refused channel is asked for again every refusedRetry (2 s) on a quiet

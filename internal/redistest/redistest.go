@@ -20,6 +20,7 @@ import (
 
 	"github.com/caddy-sse/caddy-sse/internal/clusterslot"
 	"github.com/caddy-sse/caddy-sse/internal/freeport"
+	"github.com/caddy-sse/caddy-sse/internal/waitfor"
 )
 
 // Require skips (or, with CI=true, fails) a test when redis-server or
@@ -254,11 +255,7 @@ func (c *Cluster) AddReplica(t testing.TB, primary *Server) *Server {
 // waitFor polls cond until it holds, for at most 30 s.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
+	waitfor.Until(t, what, 30*time.Second, 50*time.Millisecond, cond)
 }
 
 // WaitOK waits until every node reports cluster_state:ok and agrees on
