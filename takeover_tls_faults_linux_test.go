@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-sse/caddy-sse/internal/waitfor"
 )
 
 // tlsPair returns the server end of a TLS connection over loopback TCP
@@ -93,10 +95,6 @@ func TestLoopStoppingDoesNotLendALentTLSStreamAgain(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	s.close(&closeNotice{reason: "shutdown"})
 	l.endAll()
-	for deadline := time.Now().Add(5 * time.Second); l.count.Load() != 0; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the lent stream was not ended after the loop stopped")
-		}
-	}
+	waitfor.Until(t, "the lent stream to end after the loop stopped", 5*time.Second, 5*time.Millisecond, func() bool { return l.count.Load() == 0 })
 	time.Sleep(200 * time.Millisecond) // a second goroutine, if any, writes meanwhile
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/caddy-sse/caddy-sse/internal/redistest"
+	"github.com/caddy-sse/caddy-sse/internal/waitfor"
 	"github.com/caddy-sse/caddy-sse/replay"
 )
 
@@ -273,11 +274,7 @@ func TestRedisClusterFailoverToReplicaOfADeadPrimary(t *testing.T) {
 	if got := rec.waitFor(t, 0, 2); !strings.Contains(string(got[1].Frame), "after") || got[1].Pos.Seq != got[0].Pos.Seq+1 {
 		t.Fatalf("after the failover: %+v then %+v", got[0], got[1])
 	}
-	for deadline := time.Now().Add(redisWait); !broker.Available(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the broker still says Redis is unavailable after the failover")
-		}
-	}
+	pollUntil(t, "the broker to say Redis is available after the failover", broker.Available)
 }
 
 // In a cluster whose one primary hangs, publishing to the others goes on:
@@ -361,18 +358,12 @@ func TestRedisClusterLibraryLoadWithAPrimaryDown(t *testing.T) {
 	}
 
 	// the load on every primary has met the dead one
-	for deadline := time.Now().Add(redisWait); broker.sweepingLoads.Load(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the library's load on every primary did not end")
-		}
-	}
+	pollUntil(t, "the library's load on every primary to end", func() bool { return !broker.sweepingLoads.Load() })
 
 	down.Restart()
-	for deadline := time.Now().Add(redisWait); !strings.Contains(down.MustCLI("FUNCTION", "LIST"), "caddysse_v1"); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the library was not loaded on the primary once it was back")
-		}
-	}
+	waitfor.Until(t, "the library loaded on the primary once it was back", redisWait, 20*time.Millisecond, func() bool {
+		return strings.Contains(down.MustCLI("FUNCTION", "LIST"), "caddysse_v1")
+	})
 	cluster.WaitOK(t)
 	publishTo(t, hub, elsewhere, "back")
 }

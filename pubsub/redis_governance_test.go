@@ -573,11 +573,7 @@ func TestRedisThrottlesAskRedisWhileTheirSubscriptionIsRefused(t *testing.T) {
 
 	srv.MustCLI("ACL", "SETUSER", "b", "-ssubscribe")
 	srv.MustCLI("CLIENT", "KILL", "USER", "b") // its subscription is made again, and refused
-	for deadline := time.Now().Add(redisWait); !b.b.watch.denied(b.b.Key(throttleChannel)); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the refused subscription of the announcements was not noticed")
-		}
-	}
+	pollUntil(t, "the refused subscription of the announcements to be noticed", func() bool { return b.b.watch.denied(b.b.Key(throttleChannel)) })
 	if err := a.Throttle(ctx, "k|1.2.3.4", time.Minute); err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-sse/caddy-sse/internal/redistest"
+	"github.com/caddy-sse/caddy-sse/internal/waitfor"
 	"github.com/caddy-sse/caddy-sse/replay"
 )
 
@@ -425,11 +426,9 @@ func TestWaitReplicasPublishFollowsAMovedSlot(t *testing.T) {
 func TestWaitReplicasWithTheReplicaPausedOrKilled(t *testing.T) {
 	primary := redistest.Start(t)
 	replica := redistest.Start(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port))
-	for deadline := time.Now().Add(redisWait); !strings.Contains(replica.MustCLI("INFO", "replication"), "master_link_status:up"); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the replica did not connect")
-		}
-	}
+	waitfor.Until(t, "the replica to connect", redisWait, 20*time.Millisecond, func() bool {
+		return strings.Contains(replica.MustCLI("INFO", "replication"), "master_link_status:up")
+	})
 	core, logs := observer.New(zap.WarnLevel)
 	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{primary.Addr()}, WaitReplicas: 1, WaitTimeout: 200 * time.Millisecond,
 		ReadTimeout: 500 * time.Millisecond, Logger: zap.New(core)})
@@ -480,11 +479,9 @@ func TestClusterFailoverUnderLoad(t *testing.T) {
 	p := startSteadyPublisher(pub, channel)
 	p.waitMore(t, 20)
 	replica.MustCLI("CLUSTER", "FAILOVER")
-	for deadline := time.Now().Add(redisWait); !strings.Contains(replica.MustCLI("INFO", "replication"), "role:master"); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the replica did not take over")
-		}
-	}
+	waitfor.Until(t, "the replica to take over", redisWait, 20*time.Millisecond, func() bool {
+		return strings.Contains(replica.MustCLI("INFO", "replication"), "role:master")
+	})
 	failedOver := time.Now()
 	p.waitMore(t, 20)
 	resumed := time.Since(failedOver)
@@ -568,11 +565,9 @@ func addEmptyPrimary(t *testing.T, cluster *redistest.Cluster) *redistest.Server
 	}
 	id := n.NodeID()
 	for _, other := range cluster.Nodes {
-		for deadline := time.Now().Add(redisWait); !strings.Contains(other.MustCLI("CLUSTER", "NODES"), id); time.Sleep(50 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s does not know the new primary", other.Addr())
-			}
-		}
+		waitfor.Until(t, other.Addr()+" to know the new primary", redisWait, 50*time.Millisecond, func() bool {
+			return strings.Contains(other.MustCLI("CLUSTER", "NODES"), id)
+		})
 	}
 	cluster.Nodes = append(cluster.Nodes, n)
 	cluster.WaitOK(t)
@@ -678,11 +673,7 @@ func TestRefusalAfterAMovedSubscriptionIsHeldAgainstTheRefusedChannel(t *testing
 	t.Cleanup(hub.Subscribe(newRedisRecorder(), []string{granted}).Close)
 	t.Cleanup(hub.Subscribe(newRedisRecorder(), []string{refused}).Close)
 	waitSynced(t, broker, granted)
-	for deadline := time.Now().Add(redisWait); !broker.watch.denied(broker.Key(refused)); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the refused channel was not refused")
-		}
-	}
+	pollUntil(t, "the refused channel to be refused", func() bool { return broker.watch.denied(broker.Key(refused)) })
 
 	// The slot of a channel this instance does not follow yet moves away:
 	// its subscription goes to the old primary, which answers MOVED.
@@ -845,11 +836,7 @@ func TestAMovedUnsubscribeAnswersNoLaterSubscription(t *testing.T) {
 			if next == "ok" {
 				waitSynced(t, broker, channel)
 			} else {
-				for deadline := time.Now().Add(redisWait); !broker.watch.denied(broker.Key(channel)); time.Sleep(time.Millisecond) {
-					if time.Now().After(deadline) {
-						t.Fatal("the refused channel is not held refused")
-					}
-				}
+				pollUntil(t, "the refused channel to be held refused", func() bool { return broker.watch.denied(broker.Key(channel)) })
 			}
 			waitNothingAwaited(t, s)
 			s.mu.Lock()
@@ -879,11 +866,7 @@ func TestASlotsOwnUnsubscribeIsNoReplyWhileAnEarlierCommandIsAwaited(t *testing.
 	leaving.Close()
 	waitSent(t, s, 2)
 	release()
-	for deadline := time.Now().Add(5 * time.Second); !broker.watch.denied(broker.Key(refused)); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the refused channel is not held refused")
-		}
-	}
+	pollUntil(t, "the refused channel to be held refused", func() bool { return broker.watch.denied(broker.Key(refused)) })
 	waitNothingAwaited(t, s)
 }
 
