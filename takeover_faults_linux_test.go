@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/caddy-sse/caddy-sse/internal/waitfor"
 	"github.com/caddy-sse/caddy-sse/pubsub"
 	"github.com/caddy-sse/caddy-sse/replay"
 )
@@ -230,18 +231,11 @@ func decodeChunks(t *testing.T, raw string) string {
 
 func waitReturned(t *testing.T, l *pollLoop) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); ; {
+	waitfor.Until(t, "the goroutine to give the stream back", 5*time.Second, time.Millisecond, func() bool {
 		l.mu.Lock()
-		n := len(l.returned)
-		l.mu.Unlock()
-		if n > 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the goroutine did not give the stream back")
-		}
-		time.Sleep(time.Millisecond)
-	}
+		defer l.mu.Unlock()
+		return len(l.returned) > 0
+	})
 }
 
 // When the loops stop (the last config with `writer takeover` goes), a

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/caddy-sse/caddy-sse/internal/redistest"
+	"github.com/caddy-sse/caddy-sse/internal/waitfor"
 	"github.com/caddy-sse/caddy-sse/replay"
 )
 
@@ -127,14 +128,10 @@ func TestRedisLeaseRestoredAfterRedisLostIt(t *testing.T) {
 	}
 	srv.Kill()
 	srv.Restart()
-	for deadline := time.Now().Add(redisWait); ; time.Sleep(20 * time.Millisecond) {
-		if counts, err := r.Counts(ctx, []string{"p"}); err == nil && counts["p"] == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the lease Redis lost was never put back")
-		}
-	}
+	waitfor.Until(t, "the lease Redis lost to be put back", redisWait, 20*time.Millisecond, func() bool {
+		counts, err := r.Counts(ctx, []string{"p"})
+		return err == nil && counts["p"] == 1
+	})
 	if _, err := r.Acquire(ctx, "p", 1, 600*time.Millisecond); !errors.Is(err, ErrLimitReached) {
 		t.Fatalf("a second lease for a cap of 1 after the restart: %v", err)
 	}

@@ -181,17 +181,12 @@ func TestRedisLeaseReleasedDuringAnAcquireIsNotPutBack(t *testing.T) {
 	hook.before = func() {
 		old.ReleaseThen(func() { gone <- srv.MustCLI("ZSCORE", "sse:lease:{p}", old.member) })
 		// its removal has run (the one that takes it from Redis first)
-		for deadline := time.Now().Add(redisWait); ; time.Sleep(time.Millisecond) {
+		pollUntil(t, "the release to be removed from Redis", func() bool {
 			r.mu.Lock()
 			done := r.removing == nil && len(r.released) == 0
 			r.mu.Unlock()
-			if done && srv.MustCLI("ZSCORE", "sse:lease:{p}", old.member) == "" {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("the release was never removed from Redis")
-			}
-		}
+			return done && srv.MustCLI("ZSCORE", "sse:lease:{p}", old.member) == ""
+		})
 	}
 	calledBackEarly := false
 	hook.after = func() { calledBackEarly = flushed() }
