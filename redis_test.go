@@ -443,7 +443,7 @@ func TestRedisSentinelWithPasswords(t *testing.T) {
 		t.Fatalf("without the sentinel password: %d %s", status, body)
 	}
 
-	waitReplicaHas(t, s.Replica, "sse:{p}:s", "1")
+	s.Replica.WaitStreamLength(t, "sse:{p}:s", 1)
 	s.Primary.Kill()
 	deadline := time.Now().Add(30 * time.Second)
 	s.WaitFailedOver(t, deadline)
@@ -514,7 +514,7 @@ func publishAnEventTheReplicaMisses(t *testing.T, s *redistest.Sentinel, srv *te
 	s.Primary.WaitShardSubscribers(t, "sse:{f}", 1)
 	srv.publish("/events", map[string]any{"channel": "f", "data": "kept"})
 	c.next()
-	waitReplicaHas(t, s.Replica, "sse:{f}:s", "1")
+	s.Replica.WaitStreamLength(t, "sse:{f}:s", 1)
 	s.Replica.Pause()
 	s.Primary.MustCLI("CLIENT", "KILL", "TYPE", "replica")
 	srv.publish("/events", map[string]any{"channel": "f", "data": "lost"})
@@ -608,18 +608,6 @@ func sentinelSite(s *redistest.Sentinel) string {
 	}
 }
 `
-}
-
-func waitReplicaHas(t *testing.T, replica *redistest.Server, key, n string) {
-	t.Helper()
-	deadline := time.Now().Add(waitFor)
-	for time.Now().Before(deadline) {
-		if out, _ := replica.CLI("XLEN", key); out == n {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("%s did not reach the replica", key)
 }
 
 // With Redis, the admin stats add each top principal's streams across

@@ -154,7 +154,7 @@ func TestRedisSentinelFailover(t *testing.T) {
 	s.Primary.WaitShardSubscribers(t, "sse:{f}", 1)
 	before := publishTo(t, pub, "f", "before")
 	rec.waitFor(t, 0, 1)
-	waitReplicated(t, s.Replica, "sse:{f}:s", 1)
+	s.Replica.WaitStreamLength(t, "sse:{f}:s", 1)
 
 	s.Primary.Kill()
 	deadline := time.Now().Add(30 * time.Second)
@@ -183,18 +183,6 @@ func TestRedisSentinelFailover(t *testing.T) {
 	if err != nil || !page.Truncated {
 		t.Fatalf("a lost position must be truncated: %+v %v", page, err)
 	}
-}
-
-func waitReplicated(t *testing.T, replica *redistest.Server, key string, n int) {
-	t.Helper()
-	deadline := time.Now().Add(redisWait)
-	for time.Now().Before(deadline) {
-		if out, _ := replica.CLI("XLEN", key); out == strconv.Itoa(n) {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("%s did not reach the replica", key)
 }
 
 // One primary serves many slots, and a cluster refuses (CROSSSLOT) one

@@ -537,6 +537,17 @@ func (s *Server) WaitShardSubscribers(t testing.TB, channel string, n int) {
 	t.Fatalf("shard channel %s has %d subscribers (-1: no answer), want %d", channel, got, n)
 }
 
+// WaitStreamLength waits until the stream key holds n entries (XLEN): on a
+// replica, what the primary acknowledged arrives a moment later.
+func (s *Server) WaitStreamLength(t testing.TB, key string, n int) {
+	t.Helper()
+	want := strconv.Itoa(n)
+	waitFor(t, fmt.Sprintf("%s on %s to hold %d entries", key, s.Addr(), n), func() bool {
+		out, _ := s.CLI("XLEN", key)
+		return out == want
+	})
+}
+
 // SlotOf is Redis Cluster's hash slot of a channel's keys: CRC-16/XMODEM
 // of the hash tag, which is the channel.
 func SlotOf(channel string) int { return int(clusterslot.Of(channel)) }
