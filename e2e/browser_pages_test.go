@@ -1,9 +1,7 @@
 package e2e
 
 import (
-	"fmt"
 	"net/url"
-	"path/filepath"
 	"testing"
 	"time"
 )
@@ -16,14 +14,10 @@ import (
 // again (Back) resumes from the last id it saw, with lastEventID.
 func TestBrowserPageLeftKeepsItsStream(t *testing.T) {
 	w := startBrowser(t)
-	dir := browserPageDir(t)
-	accessLog := filepath.Join(t.TempDir(), "access.log")
-	adminPort, port := freePort(t, false), freePort(t, false)
 	// in_stream: a refused page retries, so that the test does not hang on
 	// which of a closed stream and a new one the server sees first
-	startCaddy(t, fmt.Sprintf("127.0.0.1:%d", adminPort), browserSite(adminPort, port, dir, accessLog,
-		"principal {query.user}\n\t\tmax_connections_per_principal 1\n\t\trejections in_stream"))
-	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	base, _ := startBrowserSite(t, browserPageDir(t),
+		"principal {query.user}\n\t\tmax_connections_per_principal 1\n\t\trejections in_stream")
 	pub := h1Client(t, false)
 	page := func(query, stream string) string {
 		return base + "/page.html?" + query + "&u=" + url.QueryEscape(stream)

@@ -32,7 +32,8 @@ import (
 
 // browserPage is served next to the stream: it opens one EventSource per
 // ?u= parameter and records every open, error and event (type, data,
-// lastEventId) in window.got, which the test reads. With ?close, it does
+// lastEventId) in window.got, which the test reads, and keeps each
+// EventSource in window.sources under its tag (s0, s1, ...). With ?close, it does
 // what README ("A page left keeps its stream") advises: it closes its
 // EventSources on pagehide and, shown again from the back/forward cache,
 // opens new ones with the last id each saw as lastEventID (recorded as
@@ -41,6 +42,7 @@ const browserPage = `<!doctype html>
 <html><head><meta charset="utf-8"><title>sse browser test</title></head><body><script>
 'use strict';
 window.got = [];
+window.sources = {};
 const rec = (o) => { o.t = Math.round(performance.now()); window.got.push(o); };
 const params = new URLSearchParams(location.search);
 for (const [i, u] of params.getAll('u').entries()) {
@@ -48,6 +50,7 @@ for (const [i, u] of params.getAll('u').entries()) {
   let es, last = '';
   const connect = () => {
     es = new EventSource(last ? u + (u.includes('?') ? '&' : '?') + 'lastEventID=' + encodeURIComponent(last) : u);
+    window.sources[tag] = es;
     es.onopen = () => rec({k: 'open', tag, rs: es.readyState});
     es.onerror = () => rec({k: 'error', tag, rs: es.readyState});
     const ev = (e) => { if (e.lastEventId) last = e.lastEventId; rec({k: 'event', tag, type: e.type, data: e.data, id: e.lastEventId}); };
@@ -326,12 +329,29 @@ http://127.0.0.1:%d {
 // of the access log whose URI is uri, in the order they ended.
 func streamRequests(t *testing.T, accessLog, uri string) []string {
 	t.Helper()
+	var ids []string
+	for _, a := range streamAccesses(t, accessLog, uri) {
+		ids = append(ids, a.lastEventID)
+	}
+	return ids
+}
+
+// streamAccess is one stream request of the access log.
+type streamAccess struct {
+	lastEventID string
+	status      int
+}
+
+// streamAccesses returns every GET of the access log whose URI is uri, in
+// the order they ended.
+func streamAccesses(t *testing.T, accessLog, uri string) []streamAccess {
+	t.Helper()
 	f, err := os.Open(accessLog)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var ids []string
+	var out []streamAccess
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
@@ -341,13 +361,14 @@ func streamRequests(t *testing.T, accessLog, uri string) []string {
 				URI     string              `json:"uri"`
 				Headers map[string][]string `json:"headers"`
 			} `json:"request"`
+			Status int `json:"status"`
 		}
 		if json.Unmarshal(sc.Bytes(), &entry) != nil || entry.Request.Method != http.MethodGet || entry.Request.URI != uri {
 			continue
 		}
-		ids = append(ids, strings.Join(entry.Request.Headers["Last-Event-Id"], ","))
+		out = append(out, streamAccess{strings.Join(entry.Request.Headers["Last-Event-Id"], ","), entry.Status})
 	}
-	return ids
+	return out
 }
 
 // TestBrowserEventSourceThroughReloadAndRestart: Chromium's EventSource
