@@ -61,6 +61,7 @@ type refusal struct {
 	retryAfter int // seconds, from the header
 	retryMs    int // from the stream's retry: field (in_stream only)
 	detail     string
+	id         string // in_stream: the client's own cursor, said back before the refusal
 }
 
 // getRefusal GETs path and reads the refusal, whichever mode answers it.
@@ -91,11 +92,18 @@ func (s *testServer) getRefusal(path string) refusal {
 		out.code, out.detail = e.Error, e.Detail
 		return out
 	}
-	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
-		s.t.Fatalf("GET %s: in-stream refusal with Content-Type %q", path, ct)
+	// an in-stream refusal is a stream like any other to caches and proxies
+	for name, want := range map[string]string{"Content-Type": "text/event-stream", "Cache-Control": "no-store, no-transform", "X-Accel-Buffering": "no"} {
+		if got := resp.Header.Get(name); got != want {
+			s.t.Fatalf("GET %s: in-stream refusal with %s %q, want %q", path, name, got, want)
+		}
 	}
-	// exactly: the retry hint, one sse_rejected event without an id, the end
+	// exactly: the client's cursor said back if it came with one, the retry
+	// hint, one sse_rejected event without an id, the end
 	lines := strings.Split(string(body), "\n")
+	if id, ok := strings.CutPrefix(lines[0], "id: "); ok && len(lines) > 1 && lines[1] == "" {
+		out.id, lines = id, lines[2:]
+	}
 	if len(lines) != 5 || !strings.HasPrefix(lines[0], "retry: ") || lines[1] != "event: sse_rejected" ||
 		!strings.HasPrefix(lines[2], "data: ") || lines[3] != "" || lines[4] != "" {
 		s.t.Fatalf("GET %s: in-stream refusal %q", path, body)

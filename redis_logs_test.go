@@ -116,19 +116,18 @@ func TestRedisOutageWarningsAreRateLimited(t *testing.T) {
 	}
 	b, _ := os.ReadFile(file)
 	text := string(b)
-	for _, msg := range []string{
-		"publish failed",
-		"stream opened without history: the backend is unreachable",
-		"connection cap unavailable; admitting the stream",
-		"throttles unavailable; admitting the stream",
+	for msg, atLeast := range map[string]int{
+		"publish failed": 1,
+		"stream opened without history: the backend is unreachable": 1,
+		"connection cap unavailable; admitting the stream":          1, // the cap fails open, and says so
+		// the throttles answer from memory once loaded (they were, before
+		// Redis died); they are asked of Redis only until then
+		"throttles unavailable; admitting the stream": 0,
 	} {
-		// at most twice: once, and once more if the test outlasted warnEvery
-		if n := strings.Count(text, `"msg":"`+msg+`"`); n > 2 {
-			t.Errorf("%q logged %d times at warn level, want once per %v", msg, n, warnEvery)
+		// once, and once more if the test outlasted warnEvery
+		if n := strings.Count(text, `"msg":"`+msg+`"`); n < atLeast || n > 2 {
+			t.Errorf("%q logged %d times at warn level, want %d to 2 (once per %v)", msg, n, atLeast, warnEvery)
 		}
-	}
-	if !strings.Contains(text, `"msg":"publish failed"`) {
-		t.Errorf("the first failed publish was not logged:\n%s", text)
 	}
 }
 

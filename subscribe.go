@@ -98,6 +98,12 @@ func (h *Handler) openStream(w http.ResponseWriter, r *http.Request) (*stream, s
 		if n := h.streams.closingNotice(); n != nil {
 			return nil, startingPoint{}, h.tellToReconnect(w, r, n) // its hub went with the config
 		}
+		// Redis answered, with an error (not an outage, which degrades the
+		// stream): the operator must hear of it, not only the refused
+		// client; a client that left during the read is no one's concern
+		if r.Context().Err() == nil {
+			h.warnRarely(&h.warnings.historyUnavailable, "history unavailable", zap.Strings("channels", names), zap.Error(err))
+		}
 		return nil, startingPoint{}, h.reject(w, r, &rejection{status: http.StatusServiceUnavailable, code: "history_unavailable", detail: err.Error()}, time.Second,
 			zap.String("principal", principal), zap.Strings("channels", names))
 	case start.refused != nil:

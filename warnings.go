@@ -20,7 +20,7 @@ const warnEvery = 10 * time.Second
 
 // warnings are the handler's warnings that can come per request.
 type warnings struct {
-	publishFailed, capUnavailable, capUnavailableFull, throttlesUnavailable, degraded rarelog.Warning
+	publishFailed, historyUnavailable, capUnavailable, capUnavailableFull, throttlesUnavailable, degraded rarelog.Warning
 }
 
 // warnRarely logs msg at warn level at most once per warnEvery (see
