@@ -163,6 +163,29 @@ func TestTemporaryRejectionsInBothModes(t *testing.T) {
 	}
 }
 
+// A cap's Retry-After is max(retry, 5s) (README, "Status codes"): the
+// site above has retry 1s and gets 5; one whose clients are told to wait
+// longer between reconnects is not told to come back sooner by a refusal.
+func TestCapRetryAfterIsTheRetryWhenLonger(t *testing.T) {
+	for _, mode := range []string{rejectionsStatus, rejectionsInStream} {
+		t.Run(mode, func(t *testing.T) {
+			site := strings.ReplaceAll(strings.ReplaceAll(governedSite, "{MODE}", mode), "retry 1s", "retry 7s")
+			srv := startCaddy(t, site)
+			srv.subscribe("/events?channels=a&user=u1", nil).comment("ok")
+			srv.subscribe("/events?channels=a&user=u2", nil).comment("ok")
+			for path, code := range map[string]string{
+				"/events?channels=a&user=u1": "too_many_connections",
+				"/events?channels=a&user=u3": "server_full",
+			} {
+				got := srv.getRefusal(path)
+				if got.code != code || got.retryAfter != 7 || (mode == rejectionsInStream && got.retryMs != 7000) {
+					t.Errorf("GET %s: %+v, want %s with Retry-After 7 (retry: 7000 in the stream)", path, got, code)
+				}
+			}
+		})
+	}
+}
+
 // HEAD is checked like GET: the same status (or the in-stream 200) and
 // headers, without a body; it holds no slot once answered.
 func TestHeadIsGovernedLikeGet(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/caddy-sse/caddy-sse/pubsub"
 	"github.com/caddy-sse/caddy-sse/replay"
 )
 
@@ -72,18 +73,37 @@ func TestValidate(t *testing.T) {
 	}
 }
 
+// The defaults SPEC.md and the README promise, as literal values (against
+// the constants, a changed constant would pass).
 func TestDefaults(t *testing.T) {
 	h := validHandler()
-	if h.heartbeat() != DefaultHeartbeat || h.closeJitter() != DefaultCloseJitter || h.ReplayLimit != 1000 || h.MaxChannels != 32 {
-		t.Fatalf("defaults: %+v", h)
+	for _, d := range []struct {
+		name      string
+		got, want any
+	}{
+		{"heartbeat", h.heartbeat(), 15 * time.Second},
+		{"retry", time.Duration(h.Retry), 3 * time.Second},
+		{"close_jitter", h.closeJitter(), 5 * time.Second},
+		{"max_event_size", h.MaxEventSize, int64(64 << 10)},
+		{"queue", h.Queue, 500},
+		{"queue_bytes", h.QueueBytes, int64(1 << 20)},
+		{"slow_client_timeout", time.Duration(h.SlowClientTimeout), 30 * time.Second},
+		{"throttle", time.Duration(h.Throttle), 60 * time.Second},
+		{"lease_ttl", time.Duration(h.LeaseTTL), 15 * time.Second},
+		{"replay_limit", h.ReplayLimit, 1000},
+		{"max_channels", h.MaxChannels, 32},
+		{"rejections", h.Rejections, rejectionsStatus},
+		{"max_connections", h.MaxConnections, 0},
+		{"max_connections_per_principal", h.MaxConnectionsPerPrincipal, 0},
+		{"an Idempotency-Key's life", pubsub.IdempotencyTTL, 10 * time.Minute},
+	} {
+		if d.got != d.want {
+			t.Errorf("%s: default %v (%T), want %v (%T)", d.name, d.got, d.got, d.want, d.want)
+		}
 	}
 	h.Heartbeat, h.CloseJitter = -1, -1
 	if h.heartbeat() != 0 || h.closeJitter() != 0 {
 		t.Fatal("negative heartbeat and close_jitter mean off")
-	}
-	if h.Throttle != caddy.Duration(DefaultThrottle) || h.LeaseTTL != caddy.Duration(DefaultLeaseTTL) ||
-		h.Rejections != rejectionsStatus || h.MaxConnections != 0 || h.MaxConnectionsPerPrincipal != 0 {
-		t.Fatalf("governance defaults: %+v", h)
 	}
 }
 
