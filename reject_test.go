@@ -53,8 +53,8 @@ func assertError(t *testing.T, resp *http.Response, status int, code string) {
 	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
 		t.Errorf("Content-Type %q, want application/json", ct)
 	}
-	if status == http.StatusUnauthorized && resp.Header.Get("WWW-Authenticate") == "" {
-		t.Errorf("401 %s without WWW-Authenticate (RFC 9110: a 401 carries a challenge)", code)
+	if got := resp.Header.Get("WWW-Authenticate"); status == http.StatusUnauthorized && got != `Bearer realm="sse"` {
+		t.Errorf("401 %s with WWW-Authenticate %q, want the README's Bearer realm=\"sse\" (RFC 9110: a 401 carries a challenge)", code, got)
 	}
 	var out struct {
 		Error string `json:"error"`
