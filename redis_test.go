@@ -332,22 +332,25 @@ func TestRedisMetricsAndStats(t *testing.T) {
 }
 
 // A Redis Cluster through Caddy: channels on every primary fan out and
-// replay.
+// replay, whether the config lists every node or, as with a managed
+// service's configuration endpoint, one address and `cluster` (SPEC S9);
+// that one is a plain client without `cluster`, which the cluster answers
+// MOVED for the other primaries' channels.
 func TestRedisClusterThroughCaddy(t *testing.T) {
 	cluster := redistest.StartCluster(t, 3)
-	srv := startCaddy(t, `
-:{PORT} {
-	sse /events {
-		channel {query.channels}
-		redis {
-			addresses `+strings.Join(cluster.Addrs(), " ")+`
-		}
-		publish {
-			secret `+testSecret+`
-		}
+	for name, settings := range map[string]string{
+		"every node":        "addresses " + strings.Join(cluster.Addrs(), " "),
+		"one seed, cluster": "url redis://" + cluster.Nodes[0].Addr() + "\n\t\t\tcluster",
+	} {
+		t.Run(name, func(t *testing.T) {
+			clusterFansOutAndReplays(t, cluster, startCaddy(t, redisBlockSite(settings)))
+		})
 	}
 }
-`)
+
+// clusterFansOutAndReplays checks that srv, on cluster, fans out and
+// replays channels of every primary.
+func clusterFansOutAndReplays(t *testing.T, cluster *redistest.Cluster, srv *testServer) {
 	// names whose hash slots are on three different primaries (0-5460,
 	// 5461-10922, 10923-16383 after --cluster create)
 	channels := "a,b,c"
