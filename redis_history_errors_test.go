@@ -17,7 +17,7 @@ import (
 // told so in a 200 stream with retry: 1000 after its own cursor said back.
 // Either way the refused stream gives back what it held (with
 // max_connections 1, a stream opens after the refusals), and the operator
-// is told at warn level, with Redis' answer.
+// is told at warn level, with Redis' answer, which the subscriber is not.
 func TestRedisHistoryReadErrorRefusesTheStream(t *testing.T) {
 	for _, mode := range []string{"status", "in_stream"} {
 		t.Run(mode, func(t *testing.T) {
@@ -39,6 +39,9 @@ func TestRedisHistoryReadErrorRefusesTheStream(t *testing.T) {
 				if got.status != want.status || got.code != want.code || got.retryAfter != want.retryAfter ||
 					got.retryMs != want.retryMs || got.id != want.id {
 					t.Fatalf("got %+v, want %+v", got, want)
+				}
+				if strings.Contains(got.detail, "WRONGTYPE") {
+					t.Fatalf("the refusal tells the subscriber Redis' reply: %q", got.detail)
 				}
 			}
 			c := srv.subscribe("/events?channels=b", nil)

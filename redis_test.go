@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -346,6 +348,26 @@ func TestRedisClusterThroughCaddy(t *testing.T) {
 			clusterFansOutAndReplays(t, cluster, startCaddy(t, redisBlockSite(settings)))
 		})
 	}
+	// the same seed without `cluster`: what the other primaries hold fails,
+	// and the log says why, once, at error level
+	t.Run("one seed, no cluster", func(t *testing.T) {
+		logFile := filepath.Join(t.TempDir(), "sse.log")
+		srv := startCaddy(t, redisBlockSite("url redis://"+cluster.Nodes[0].Addr()), sseLog(logFile))
+		for _, ch := range []string{"a", "b", "c"} {
+			if cluster.NodeOfSlot(t, redistest.SlotOf(ch)) == cluster.Nodes[0] {
+				continue
+			}
+			status, body := srv.post("/events", "application/json", mustJSON(t, map[string]any{"channel": ch, "data": "x"}), nil)
+			if status != http.StatusServiceUnavailable || !strings.Contains(string(body), "MOVED") {
+				t.Fatalf("publish to %s through a seed of another primary: %d %s", ch, status, body)
+			}
+		}
+		b, _ := os.ReadFile(logFile)
+		if n := strings.Count(string(b), `"msg":"redis is a cluster: list its nodes in addresses, or add cluster to use one address as a seed"`); n != 1 ||
+			!strings.Contains(string(b), `"level":"error"`) {
+			t.Fatalf("the MOVED answers were logged %d times (want once, at error level):\n%s", n, b)
+		}
+	})
 }
 
 // clusterFansOutAndReplays checks that srv, on cluster, fans out and

@@ -100,11 +100,15 @@ func (h *Handler) openStream(w http.ResponseWriter, r *http.Request) (*stream, s
 		}
 		// Redis answered, with an error (not an outage, which degrades the
 		// stream): the operator must hear of it, not only the refused
-		// client; a client that left during the read is no one's concern
+		// client; a client that left during the read is no one's concern.
+		// Redis' reply stays in the log: it names keys, scripts and, in a
+		// MOVED, the cluster's internal addresses, none of a subscriber's
+		// business (a publish's detail goes to the backend that holds the
+		// secret)
 		if r.Context().Err() == nil {
 			h.warnRarely(&h.warnings.historyUnavailable, "history unavailable", zap.Strings("channels", names), zap.Error(err))
 		}
-		return nil, startingPoint{}, h.reject(w, r, &rejection{status: http.StatusServiceUnavailable, code: "history_unavailable", detail: err.Error()}, time.Second,
+		return nil, startingPoint{}, h.reject(w, r, &rejection{status: http.StatusServiceUnavailable, code: "history_unavailable", detail: "the history could not be read"}, time.Second,
 			zap.String("principal", principal), zap.Strings("channels", names))
 	case start.refused != nil:
 		s.degrade(lastEventID(r), start.refusal, start.refused) // those channels only

@@ -101,6 +101,7 @@ type Redis struct {
 	probes        probes        // of Redis while it is down
 	denials       denials       // shards whose subscriptions Redis refuses (redis_denied.go)
 	pingRefused   atomic.Bool   // Redis refused a PING (ACL), logged (warnPingRefused)
+	movedLogged   atomic.Bool   // a non-cluster client was answered MOVED or ASK, logged (noteMoved)
 	stateMu       sync.Mutex
 	wentDown      chan struct{} // closed when Redis stops answering; replaced when it answers again
 	cameBack      chan struct{} // closed when Redis answers again; replaced when it stops answering
@@ -568,6 +569,7 @@ func (b *Redis) classify(err error) error {
 	var rerr redis.Error
 	if errors.As(err, &rerr) {
 		b.setUp(true, nil)
+		b.noteMoved(rerr)
 		if strings.HasPrefix(rerr.Error(), "LOADING") || strings.HasPrefix(rerr.Error(), "CLUSTERDOWN") ||
 			strings.HasPrefix(rerr.Error(), "READONLY") || strings.HasPrefix(rerr.Error(), "MASTERDOWN") ||
 			strings.HasPrefix(rerr.Error(), "TRYAGAIN") {
@@ -576,6 +578,22 @@ func (b *Redis) classify(err error) error {
 		return err
 	}
 	return b.unavailable(err)
+}
+
+// noteMoved logs, once for the broker's life, a MOVED or ASK answer to a
+// client that does not follow them: the one address configured is a node of
+// a Redis Cluster, and every channel of the other nodes' slots fails (a
+// publish 503, a stream 503 history_unavailable) until the config lists
+// the nodes or says `cluster`.
+func (b *Redis) noteMoved(rerr redis.Error) {
+	msg := rerr.Error()
+	if b.cluster != nil || !(strings.HasPrefix(msg, "MOVED ") || strings.HasPrefix(msg, "ASK ")) {
+		return
+	}
+	if !b.movedLogged.Swap(true) {
+		b.log().Error("redis is a cluster: list its nodes in addresses, or add cluster to use one address as a seed",
+			zap.Error(rerr))
+	}
 }
 
 func (b *Redis) unavailable(err error) error {
