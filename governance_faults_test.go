@@ -63,3 +63,22 @@ func TestACapFailsOpenAtOnceWhileRedisHangs(t *testing.T) {
 		t.Fatalf("a capped connect while Redis is known down took %v (uncapped %v): the cap waited for Redis instead of failing open", tookCapped, tookOpen)
 	}
 }
+
+// While Redis is down the per-principal cap fails open for a principal
+// that already holds its cap too (SPEC S9: caps fail open, logged), not
+// only for one that holds nothing: the leases that count its streams on
+// every instance are in Redis, so this instance cannot know it is over.
+func TestACapFailsOpenForAPrincipalAtItsCapWhileRedisIsDown(t *testing.T) {
+	rds := redistest.Start(t)
+	srv := startCaddy(t, redisSite(rds.URL(), "principal {query.user}", "max_connections_per_principal 1"))
+	srv.subscribe("/events?channels=a&user=p", nil).comment("ok")
+	if got := srv.getRefusal("/events?channels=a&user=p"); got.code != "too_many_connections" {
+		t.Fatalf("a second stream of the principal with Redis up: %+v", got)
+	}
+	rds.Kill()
+	eventually(t, "a second stream of the principal admitted while Redis is down", func() bool {
+		c := openStream(t, srv.base+"/events?channels=a&user=p", nil, nil)
+		defer c.close()
+		return c.resp.StatusCode == http.StatusOK && c.next().Type == "sse_degraded"
+	})
+}
