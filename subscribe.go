@@ -98,18 +98,7 @@ func (h *Handler) openStream(w http.ResponseWriter, r *http.Request) (*stream, s
 		if n := h.streams.closingNotice(); n != nil {
 			return nil, startingPoint{}, h.tellToReconnect(w, r, n) // its hub went with the config
 		}
-		// Redis answered, with an error (not an outage, which degrades the
-		// stream): the operator must hear of it, not only the refused
-		// client; a client that left during the read is no one's concern.
-		// Redis' reply stays in the log: it names keys, scripts and, in a
-		// MOVED, the cluster's internal addresses, none of a subscriber's
-		// business (a publish's detail goes to the backend that holds the
-		// secret)
-		if r.Context().Err() == nil {
-			h.warnRarely(&h.warnings.historyUnavailable, "history unavailable", zap.Strings("channels", names), zap.Error(err))
-		}
-		return nil, startingPoint{}, h.reject(w, r, &rejection{status: http.StatusServiceUnavailable, code: "history_unavailable", detail: "the history could not be read"}, time.Second,
-			zap.String("principal", principal), zap.Strings("channels", names))
+		return nil, startingPoint{}, h.refuseUnreadHistory(w, r, err, principal, names)
 	case start.refused != nil:
 		s.degrade(lastEventID(r), start.refusal, start.refused) // those channels only
 	}
@@ -436,6 +425,21 @@ func (s *stream) writeHeaders(w http.ResponseWriter, truncated []string) {
 		hdr.Set("X-Replay-Truncated", "true")
 	}
 	w.WriteHeader(http.StatusOK)
+}
+
+// refuseUnreadHistory refuses a stream whose history Redis answered with an
+// error (not an outage, which degrades the stream instead): 503
+// history_unavailable. The operator must hear of it, not only the refused
+// client; a client that left during the read is no one's concern. Redis'
+// reply stays in the log: it names keys, scripts and, in a MOVED, the
+// cluster's internal addresses, none of a subscriber's business (a
+// publish's detail goes to the backend, which holds the secret).
+func (h *Handler) refuseUnreadHistory(w http.ResponseWriter, r *http.Request, err error, principal string, names []string) error {
+	if r.Context().Err() == nil {
+		h.warnRarely(&h.warnings.historyUnavailable, "history unavailable", zap.Strings("channels", names), zap.Error(err))
+	}
+	return h.reject(w, r, &rejection{status: http.StatusServiceUnavailable, code: "history_unavailable", detail: "the history could not be read"}, time.Second,
+		zap.String("principal", principal), zap.Strings("channels", names))
 }
 
 // setStreamHeaders sets the headers of every stream. no-transform keeps
