@@ -43,12 +43,18 @@ func eventually(t testing.TB, what string, cond func() bool) {
 // makes one for real).
 func throttleForTest(t *testing.T, principal string, d time.Duration) {
 	t.Helper()
+	throttleAddressForTest(t, principal, "127.0.0.1", d)
+}
+
+// throttleAddressForTest is throttleForTest for a client at ip.
+func throttleAddressForTest(t *testing.T, principal, ip string, d time.Duration) {
+	t.Helper()
 	hub, key, err := acquireHub(nil, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer releaseHub(key)
-	who := client{principal: principal, ip: "127.0.0.1"}
+	who := client{principal: principal, ip: ip}
 	if err := hub.Throttles().Throttle(context.Background(), (&Handler{}).throttleKey(who), d); err != nil {
 		t.Fatal(err)
 	}
@@ -392,6 +398,45 @@ func TestThrottleIsPerPrincipalAndAddress(t *testing.T) {
 	anonElsewhere := openStream(t, srv.base+"/anonymous", nil, dialFrom("127.0.0.2"))
 	if anonElsewhere.resp.StatusCode != 200 {
 		t.Fatalf("another address without a principal: %d, want 200", anonElsewhere.resp.StatusCode)
+	}
+}
+
+// Behind a proxy the throttle's address is Caddy's client IP: with
+// trusted_proxies, the address the proxy forwards (README, Governance), so
+// that one slow client behind a load balancer does not throttle everyone
+// behind it; without, X-Forwarded-For is ignored, so that a client cannot
+// name another address to leave its throttle behind.
+func TestThrottleAddressIsTheClientIPBehindATrustedProxy(t *testing.T) {
+	site := `
+:{PORT} {
+	sse /events {
+		channel a
+		principal {query.user}
+	}
+}
+`
+	get := func(srv *testServer, forwardedFor string) int {
+		var h http.Header
+		if forwardedFor != "" {
+			h = header("X-Forwarded-For", forwardedFor)
+		}
+		c := openStream(t, srv.base+"/events?user=u1", h, nil)
+		defer c.close()
+		return c.resp.StatusCode
+	}
+
+	srv := startCaddy(t, site, "servers {\n\t\ttrusted_proxies static 127.0.0.0/8\n\t}")
+	throttleAddressForTest(t, "u1", "203.0.113.7", 30*time.Second)
+	for forwarded, want := range map[string]int{"203.0.113.7": 429, "203.0.113.8": 200, "": 200} {
+		if got := get(srv, forwarded); got != want {
+			t.Errorf("trusted proxy forwarding %q: %d, want %d", forwarded, got, want)
+		}
+	}
+
+	srv = startCaddy(t, site)
+	throttleForTest(t, "u1", 30*time.Second)
+	if got := get(srv, "203.0.113.8"); got != 429 {
+		t.Errorf("an untrusted X-Forwarded-For left the throttle behind: %d, want 429", got)
 	}
 }
 
