@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
@@ -102,4 +103,42 @@ func TestAdminStats(t *testing.T) {
 		h := got.Hubs[0]
 		return got.OpenStreams == 0 && h.Channels == 0 && h.Principals == 0 && len(h.TopChannels) == 0
 	})
+}
+
+// Without ?top the stats name the 10 channels and principals holding the
+// most streams (README, "Stats"), not all of them; and no metric label
+// names a channel or a principal (README, "Metrics"), on the admin
+// endpoint's /metrics either.
+func TestAdminStatsTopDefaultsToTenAndMetricsNameNoChannel(t *testing.T) {
+	srv, admin := startCaddyWithAdmin(t, `
+:{PORT} {
+	sse /events {
+		channel {query.channels}
+		principal {query.user}
+		max_connections_per_principal 1
+	}
+}
+`)
+	for i := range 12 {
+		srv.subscribe(fmt.Sprintf("/events?channels=chan-xyzzy-%d&user=user-plugh-%d", i, i), nil).comment("ok")
+	}
+	if got := srv.getRefusal("/events?channels=chan-xyzzy-0&user=user-plugh-0"); got.code != "too_many_connections" {
+		t.Fatalf("a refusal to count: %+v", got)
+	}
+	status, got := getStats(t, admin+"/sse/stats")
+	if h := got.Hubs[0]; status != 200 || h.Channels != 12 || h.Principals != 12 || len(h.TopChannels) != 10 || len(h.TopPrincipals) != 10 {
+		t.Fatalf("stats without top: %d %+v, want 12 channels and principals, the top 10 of each", status, got)
+	}
+	resp, err := requestClient.Get(admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), "caddy_sse_streams_open") {
+		t.Fatalf("the admin endpoint's /metrics has no sse metric:\n%.2000s", body)
+	}
+	if strings.Contains(string(body), "xyzzy") || strings.Contains(string(body), "plugh") {
+		t.Fatalf("a metric names a channel or a principal:\n%s", body)
+	}
 }
