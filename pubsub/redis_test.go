@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-sse/caddy-sse/internal/redistest"
+	"github.com/caddy-sse/caddy-sse/internal/waitfor"
 	"github.com/caddy-sse/caddy-sse/replay"
 )
 
@@ -266,15 +267,20 @@ func TestRedisDirectPublishWithRedisCLI(t *testing.T) {
 	if err != nil || len(page.Events) != 1 || page.Events[0].Pos != ev.Pos {
 		t.Fatalf("read %+v %v", page, err)
 	}
-	// an invalid type is refused and not written
-	for _, bad := range []string{"a\nb", "server_closing"} {
-		out, _ := srv.CLI("FCALL", FunctionPublish, "1", "sse:{wallet:7}", bad, "x")
-		if !strings.Contains(out, "ERR sse:") {
-			t.Fatalf("FCALL with type %q answered %q, want an error", bad, out)
+	// an invalid type is refused and not written (README: line breaks,
+	// NUL, over 200 bytes, the module's own types); 200 bytes is a type
+	for _, bad := range []string{"a\nb", "a\rb", "a\x00b", strings.Repeat("t", 201), "server_closing", "sse_truncated"} {
+		err := broker.client.Do(context.Background(), "FCALL", FunctionPublish, 1, "sse:{wallet:7}", bad, "x").Err()
+		if err == nil || !strings.Contains(err.Error(), "ERR sse:") {
+			t.Fatalf("FCALL with type %q answered %v, want an error", bad, err)
 		}
 	}
 	if n := srv.MustCLI("XLEN", "sse:{wallet:7}:s"); n != "1" {
 		t.Fatalf("stream has %s entries, want 1", n)
+	}
+	srv.MustCLI("FCALL", FunctionPublish, "1", "sse:{wallet:7}", strings.Repeat("t", 200), "x")
+	if n := srv.MustCLI("XLEN", "sse:{wallet:7}:s"); n != "2" {
+		t.Fatalf("a 200-byte type: stream has %s entries, want 2", n)
 	}
 }
 
@@ -761,13 +767,31 @@ func TestRedisPublishOncePerToken(t *testing.T) {
 		t.Fatalf("the token's reply is kept for %d ms, want up to 30000", ttl)
 	}
 	keys := func(token string) []string { return []string{"3", "sse:{o}:m", "sse:{o}:s", "sse:{o}:p:" + token} }
+	long := strings.Repeat("k", 65) // a token is 1 to 64 letters, digits, - or _
 	for _, bad := range [][]string{
 		append(keys(""), "", "1000", "t", "x"), append(keys("a b"), "a b", "1000", "t", "x"), append(keys("tok"), "tok", "0", "t", "x"),
 		append(keys("other"), "tok", "1000", "t", "x"), {"1", "sse:{o}", "tok", "1000", "t", "x"},
+		append(keys(long), long, "1000", "t", "x"), append(keys("a.b"), "a.b", "1000", "t", "x"),
 	} {
 		if out, _ := srv.CLI(append([]string{"FCALL", FunctionPublishOnce}, bad...)...); !strings.Contains(out, "ERR sse:") {
 			t.Fatalf("FCALL %v answered %q, want an error", bad, out)
 		}
+	}
+	if n := srv.MustCLI("XLEN", "sse:{o}:s"); n != "3" {
+		t.Fatalf("after the refused calls the history holds %s events, want 3", n)
+	}
+	// a token's reply is kept for ttl_ms only: then the token publishes again
+	longest := "K_-9" + strings.Repeat("k", 60)
+	short := []string{"3", "sse:{o}:m", "sse:{o}:s", "sse:{o}:p:" + longest, longest, "50", "t", "brief"}
+	before := srv.MustCLI(append([]string{"FCALL", FunctionPublishOnce}, short...)...)
+	waitfor.Until(t, "the token's reply to expire", redisWait, 10*time.Millisecond, func() bool {
+		return srv.MustCLI("EXISTS", "sse:{o}:p:"+longest) == "0"
+	})
+	if after := srv.MustCLI(append([]string{"FCALL", FunctionPublishOnce}, short...)...); after == before {
+		t.Fatalf("the token answered %q again after its ttl_ms", after)
+	}
+	if n := srv.MustCLI("XLEN", "sse:{o}:s"); n != "5" {
+		t.Fatalf("a 64-character token published %s events in all, want 5 (once before, once after its ttl_ms)", n)
 	}
 }
 
