@@ -317,10 +317,33 @@ func TestAStreamsEndIsLoggedWithItsReason(t *testing.T) {
 
 	closed := srv.subscribe("/events?channels=closed", nil)
 	closed.comment("ok")
+	srv.publish("/events", map[string]any{"channel": "closed", "data": "one"})
+	if ev := closed.next(); ev.Data != "one" {
+		t.Fatalf("got %+v", ev)
+	}
 	srv.reload(idleSite, logs)
 	if ev := closed.next(); ev.Type != "server_closing" {
 		t.Fatalf("got %+v, want server_closing", ev)
 	}
 	closed.expectEnd()
 	loggedEnd("closed", "server closing: reload")
+
+	// README, "Logs": each stream's opening, its end with how long it
+	// lasted and what it was sent, and the reload's closing of the streams
+	// at info level with how many
+	b, _ := os.ReadFile(file)
+	var opened, ended, closing bool
+	for _, line := range strings.Split(string(b), "\n") {
+		switch {
+		case strings.Contains(line, `"msg":"stream opened"`) && strings.Contains(line, `"channels":["left"]`):
+			opened = true
+		case strings.Contains(line, `"msg":"stream ended"`) && strings.Contains(line, `"channels":["closed"]`):
+			ended = strings.Contains(line, `"events_sent":1,`) && strings.Contains(line, `"duration":`)
+		case strings.Contains(line, `"msg":"closing streams"`):
+			closing = strings.Contains(line, `"level":"info"`) && strings.Contains(line, `"reason":"reload"`) && strings.Contains(line, `"streams":1,`)
+		}
+	}
+	if !opened || !ended || !closing {
+		t.Fatalf("logged: stream opened %v, stream ended with duration and events_sent 1 %v, closing streams (info, reload, 1) %v", opened, ended, closing)
+	}
 }
