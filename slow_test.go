@@ -781,15 +781,20 @@ func TestAClientThatStopsReadingIsLoggedAsQueueFull(t *testing.T) {
 }
 `, sseLog(logFile))
 	srv.cutSlowClient("/events?user=slowpoke")
-	eventually(t, "sse_queue_full for the client", func() bool {
-		b, _ := os.ReadFile(logFile)
-		for _, line := range strings.Split(string(b), "\n") {
-			if strings.Contains(line, `"sse_queue_full"`) && strings.Contains(line, `"principal":"slowpoke"`) {
-				return true
+	logged := func(msg, level string) func() bool {
+		return func() bool {
+			b, _ := os.ReadFile(logFile)
+			for _, line := range strings.Split(string(b), "\n") {
+				if strings.Contains(line, `"msg":"`+msg+`"`) && strings.Contains(line, `"principal":"slowpoke"`) {
+					return strings.Contains(line, `"level":"`+level+`"`)
+				}
 			}
+			return false
 		}
-		return false
-	})
+	}
+	eventually(t, "sse_queue_full for the client, at warn", logged("sse_queue_full", "warn"))
+	// and its cut, at info (README, "Logs")
+	eventually(t, "slow client disconnected for the client, at info", logged("slow client disconnected", "info"))
 }
 
 // A stream's queue holds at most queue_bytes (SPEC S7): the queue of a
