@@ -723,3 +723,31 @@ func TestAStreamWhoseReconnectWouldNotFitIsRefusedAtOnce(t *testing.T) {
 		t.Fatalf("the reconnect under the default max_header_size: %d, want 431 (the test's premise)", resp.StatusCode)
 	}
 }
+
+// README, "With other handlers and proxies": channel templates see the
+// request as the handlers before sse left it — the path as rewritten, a
+// variable set by vars, a value mapped by map.
+func TestChannelTemplatesSeeRewritesVarsAndMaps(t *testing.T) {
+	srv := startCaddy(t, `
+:{PORT} {
+	rewrite /feed/* /events/{http.request.uri.path.1}
+	vars tenant acme
+	map {query.topic} {topic} {
+		bills invoices
+		default other
+	}
+	sse /events/* {
+		channel {vars.tenant}:{http.request.uri.path.1}:{topic}
+		publish {
+			secret `+testSecret+`
+		}
+	}
+}
+`)
+	c := srv.subscribe("/feed/wallet?topic=bills", nil)
+	c.comment("ok")
+	srv.publish("/events/x", map[string]any{"channel": "acme:wallet:invoices", "data": "through the rewrite"})
+	if ev := c.next(); ev.Data != "through the rewrite" {
+		t.Fatalf("got %+v", ev)
+	}
+}
