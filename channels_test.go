@@ -2,6 +2,7 @@ package caddysse
 
 import (
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -340,4 +341,62 @@ func TestBehindForwardAuthTheUserIsTheCopiedHeader(t *testing.T) {
 	// {http.auth.user.id} behind forward_auth: unresolved
 	resp = do(t, http.MethodGet, srv.base+"/by-user-id", header("Authorization", "Bearer alice-token"), "")
 	assertError(t, resp, http.StatusForbidden, "channel_unresolved")
+}
+
+// README, "With other handlers and proxies": forward_auth runs the handlers
+// after it inside its request to the auth server, so each open stream
+// counts as a request in flight to that server for its whole life (what
+// unhealthy_request_count and least_conn read) — except with writer
+// takeover on HTTP/1.1, which releases it when the stream is handed off.
+// The count is Caddy's own, from the admin API's /reverse_proxy/upstreams.
+func TestForwardAuthCountsStreamsInFlightUnlessTakenOver(t *testing.T) {
+	t.Setenv("SSE_TEST_WRITER", "") // the writer given in the site wins
+	for _, writer := range bothWriters {
+		t.Run(writer, func(t *testing.T) {
+			srv, admin := startCaddyWithAdmin(t, `
+:{PORT} {
+	forward_auth 127.0.0.1:{PORT2} {
+		uri /auth
+	}
+	sse /events {
+		writer `+writer+`
+		channel a
+	}
+}
+:{PORT2} {
+	respond 204
+}
+`)
+			for range 3 {
+				srv.subscribe("/events", nil).comment("ok")
+			}
+			want := 3
+			if writer == "takeover" {
+				want = 0
+			}
+			var got int
+			eventually(t, fmt.Sprintf("%d requests in flight to the auth server", want), func() bool {
+				got = authRequestsInFlight(t, admin)
+				return got == want
+			})
+		})
+	}
+}
+
+// authRequestsInFlight is the num_requests the admin API reports for the
+// one upstream of the config.
+func authRequestsInFlight(t *testing.T, admin string) int {
+	t.Helper()
+	resp, err := requestClient.Get(admin + "/reverse_proxy/upstreams")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var upstreams []struct {
+		NumRequests int `json:"num_requests"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&upstreams); err != nil || len(upstreams) != 1 {
+		t.Fatalf("upstreams %+v: %v", upstreams, err)
+	}
+	return upstreams[0].NumRequests
 }
