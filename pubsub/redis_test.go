@@ -731,6 +731,41 @@ func TestRedisUnconfirmedSubscriptionsAreSentAgain(t *testing.T) {
 	}
 }
 
+// A direct publish without limits keeps the README's defaults: 1000 events,
+// 24 h, 4 MiB.
+func TestRedisDirectPublishDefaultLimits(t *testing.T) {
+	srv := redistest.Start(t)
+	hub, broker := newRedisHub(t, RedisOptions{Addrs: []string{srv.Addr()}})
+	publishTo(t, hub, "warm", "loads the library") // the broker loads it at its first publish
+	ctx := context.Background()
+	publishOne := func(key, data string) {
+		t.Helper()
+		if err := broker.client.Do(ctx, "FCALL", FunctionPublish, 1, key, "t", data).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pipe := broker.client.Pipeline()
+	for i := range 1003 {
+		pipe.Do(ctx, "FCALL", FunctionPublish, 1, "sse:{count}", "t", strconv.Itoa(i))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := srv.MustCLI("XLEN", "sse:{count}:s"); n != "1000" {
+		t.Fatalf("1003 events without a count: the history holds %s, want 1000", n)
+	}
+	if age := srv.MustCLI("HGET", "sse:{count}:m", "a"); age != "86400000" {
+		t.Fatalf("the history's age without a max_age: %s ms, want 24 h", age)
+	}
+	mib := strings.Repeat("m", 1000<<10) // under 1 MiB with its type and overhead
+	for range 5 {
+		publishOne("sse:{bytes}", mib)
+	}
+	if n := srv.MustCLI("XLEN", "sse:{bytes}:s"); n != "4" {
+		t.Fatalf("five events of 1000 KiB without max_bytes: the history holds %s, want the 4 that fit in 4 MiB", n)
+	}
+}
+
 // sse_publish_once_v2 publishes once per token: a call again with the same
 // token (go-redis retrying after a timeout) gets the first call's reply,
 // and neither appends nor announces the event again, as a function or as
