@@ -2,11 +2,7 @@ package e2e
 
 import (
 	"fmt"
-	"io"
-	"net/http"
-	"net/url"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -51,7 +47,7 @@ func TestBrowserThroughARedisOutageAndAReload(t *testing.T) {
 	w.waitPage(time.Now().Add(waitFor), "sse_degraded on the stream reopened while Redis is down", got(typed("sse_degraded")))
 
 	rds.Restart()
-	publishOnceAccepted(t, pub, base+"/events", "news", "after")
+	publishUntilAccepted(t, pub, base+"/events", "news", "after")
 	rs := w.waitPage(time.Now().Add(waitFor), "the event published once Redis was back", got(data("after")))
 	for _, c := range []struct {
 		what string
@@ -88,33 +84,4 @@ func TestBrowserThroughARedisOutageAndAReload(t *testing.T) {
 	if ids[0] != "" || lastSeen == "" || ids[1] != lastSeen {
 		t.Errorf("the stream's requests carried Last-Event-ID %q, want none and then %q, the last id the page saw", ids, lastSeen)
 	}
-}
-
-// publishOnceAccepted publishes data to channel, again while the instance
-// answers 503 (its Redis not back yet), under one Idempotency-Key so that
-// an attempt whose answer was lost is not published twice.
-func publishOnceAccepted(t *testing.T, client *http.Client, publishURL, channel, data string) {
-	t.Helper()
-	form := url.Values{"channel": {channel}, "data": {data}}.Encode()
-	var last string
-	defer func() {
-		if t.Failed() {
-			t.Logf("the last answer to the publish: %s", last)
-		}
-	}()
-	waitfor.Until(t, "a publish accepted once Redis was back", 30*time.Second, 100*time.Millisecond, func() bool {
-		req, _ := http.NewRequest(http.MethodPost, publishURL, strings.NewReader(form))
-		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-		req.Header.Set("Authorization", "Bearer "+testSecret)
-		req.Header.Set("Idempotency-Key", "browser-outage-"+data)
-		resp, err := client.Do(req)
-		if err != nil {
-			last = err.Error()
-			return false
-		}
-		reply, _ := io.ReadAll(resp.Body)
-		_ = resp.Body.Close()
-		last = fmt.Sprintf("%d %s", resp.StatusCode, reply)
-		return resp.StatusCode == http.StatusOK
-	})
 }
