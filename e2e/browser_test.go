@@ -399,8 +399,7 @@ func TestBrowserEventSourceThroughReloadAndRestart(t *testing.T) {
 
 	// s0: news; s1: news and alerts (a cursor of two channels); s2: quiet,
 	// which gets no event before the reload
-	w.navigate(base + "/page.html?u=" + url.QueryEscape("/events?channels=news") +
-		"&u=" + url.QueryEscape("/events?channels=news,alerts") + "&u=" + url.QueryEscape("/events?channels=quiet"))
+	w.navigate(pageURL(base, "/events?channels=news", "/events?channels=news,alerts", "/events?channels=quiet"))
 	tags := []string{"s0", "s1", "s2"}
 	opened := func(n int) func([]pageRecord) bool {
 		return func(rs []pageRecord) bool {
