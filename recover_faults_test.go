@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"io"
 	"net"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -36,13 +35,7 @@ func TestReloadDuringADegradedRecoveryFromAHungRedisEndsTheStreamPromptly(t *tes
 	proxy.arm()
 	rds.Restart()
 	rds.WaitShardSubscribers(t, "sse:{a}", 1) // Redis answers this instance again
-	// the restarted Redis is empty: the instance loads its library there
-	// once it answers, which may come after its subscriptions (a CI run
-	// called the function first: "Function not found")
-	eventually(t, "the library loaded on the restarted Redis", func() bool {
-		out, _ := rds.CLI("FUNCTION", "LIST", "LIBRARYNAME", "caddysse_v1")
-		return strings.Contains(out, "caddysse_v1")
-	})
+	waitForLibrary(t, rds)
 	rds.MustCLI("FCALL", "sse_publish_v1", "1", "sse:{a}", "", "wake")
 	select {
 	case <-proxy.stalled:

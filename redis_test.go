@@ -205,6 +205,7 @@ func TestRedisFallbackLocalStreamGoesOnOnceRedisIsBack(t *testing.T) {
 		}
 		rds.Restart()
 		rds.WaitShardSubscribers(t, "sse:{a}", 1)
+		waitForLibrary(t, rds)
 		shared := "r" + itoa(outage+1)
 		rds.MustCLI("FCALL", "sse_publish_v1", "1", "sse:{a}", "", shared) // a backend's publish
 		select {
@@ -728,6 +729,19 @@ func redisBlockSite(settings string, extra ...string) string {
 	}
 }
 `
+}
+
+// waitForLibrary waits until rds has the module's function library, before
+// a test calls a function itself as a backend would: a Redis restarted
+// empty gets it from the instance once it answers, which may come after
+// the instance's subscriptions (a CI run called the function first and
+// got "Function not found").
+func waitForLibrary(t *testing.T, rds *redistest.Server) {
+	t.Helper()
+	eventually(t, "the instance's library on "+rds.Addr(), func() bool {
+		out, _ := rds.CLI("FUNCTION", "LIST", "LIBRARYNAME", "caddysse_v1")
+		return strings.Contains(out, "caddysse_v1")
+	})
 }
 
 // publishWhileRefused publishes until Redis takes the event, within the
