@@ -738,10 +738,7 @@ func redisBlockSite(settings string, extra ...string) string {
 // got "Function not found").
 func waitForLibrary(t *testing.T, rds *redistest.Server) {
 	t.Helper()
-	eventually(t, "the instance's library on "+rds.Addr(), func() bool {
-		out, _ := rds.CLI("FUNCTION", "LIST", "LIBRARYNAME", "caddysse_v1")
-		return strings.Contains(out, "caddysse_v1")
-	})
+	rds.WaitLibrary(t, "caddysse_v1")
 }
 
 // publishWhileRefused publishes until Redis takes the event, within the

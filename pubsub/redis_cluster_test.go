@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/caddy-sse/caddy-sse/internal/redistest"
-	"github.com/caddy-sse/caddy-sse/internal/waitfor"
 	"github.com/caddy-sse/caddy-sse/replay"
 )
 
@@ -349,9 +348,7 @@ func TestRedisClusterLibraryLoadWithAPrimaryDown(t *testing.T) {
 	pollUntil(t, "the library's load on every primary to end", func() bool { return !broker.sweepingLoads.Load() })
 
 	down.Restart()
-	waitfor.Until(t, "the library loaded on the primary once it was back", redisWait, 20*time.Millisecond, func() bool {
-		return strings.Contains(down.MustCLI("FUNCTION", "LIST"), "caddysse_v1")
-	})
+	down.WaitLibrary(t, "caddysse_v1") // loaded on the primary once it was back
 	cluster.WaitOK(t)
 	publishTo(t, hub, elsewhere, "back")
 }

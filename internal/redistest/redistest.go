@@ -548,6 +548,17 @@ func (s *Server) WaitStreamLength(t testing.TB, key string, n int) {
 	})
 }
 
+// WaitLibrary waits until the server has the function library name: a
+// client loads it, and a Redis that restarted empty gets it again only
+// once that client next talks to it.
+func (s *Server) WaitLibrary(t testing.TB, name string) {
+	t.Helper()
+	waitFor(t, "the library "+name+" on "+s.Addr(), func() bool {
+		out, _ := s.CLI("FUNCTION", "LIST", "LIBRARYNAME", name)
+		return strings.Contains(out, name)
+	})
+}
+
 // SlotOf is Redis Cluster's hash slot of a channel's keys: CRC-16/XMODEM
 // of the hash tag, which is the channel.
 func SlotOf(channel string) int { return int(clusterslot.Of(channel)) }
