@@ -298,13 +298,7 @@ func TestAStreamsEndIsLoggedWithItsReason(t *testing.T) {
 	loggedEnd := func(channel, reason string) {
 		t.Helper()
 		eventually(t, "the end of the stream on "+channel+" to be logged with its reason", func() bool {
-			b, _ := os.ReadFile(file)
-			for _, line := range strings.Split(string(b), "\n") {
-				if strings.Contains(line, `"msg":"stream ended"`) && strings.Contains(line, `"channels":["`+channel+`"]`) {
-					return strings.Contains(line, `"reason":"`+reason)
-				}
-			}
-			return false
+			return strings.Contains(logLine(t, file, "stream ended", `"channels":["`+channel+`"]`), `"reason":"`+reason)
 		})
 	}
 	srv := startCaddy(t, idleSite, logs)
@@ -331,19 +325,11 @@ func TestAStreamsEndIsLoggedWithItsReason(t *testing.T) {
 	// README, "Logs": each stream's opening, its end with how long it
 	// lasted and what it was sent, and the reload's closing of the streams
 	// at info level with how many
-	b, _ := os.ReadFile(file)
-	var opened, ended, closing bool
-	for _, line := range strings.Split(string(b), "\n") {
-		switch {
-		case strings.Contains(line, `"msg":"stream opened"`) && strings.Contains(line, `"channels":["left"]`):
-			opened = true
-		case strings.Contains(line, `"msg":"stream ended"`) && strings.Contains(line, `"channels":["closed"]`):
-			ended = strings.Contains(line, `"events_sent":1,`) && strings.Contains(line, `"duration":`)
-		case strings.Contains(line, `"msg":"closing streams"`):
-			closing = strings.Contains(line, `"level":"info"`) && strings.Contains(line, `"reason":"reload"`) && strings.Contains(line, `"streams":1,`)
-		}
-	}
-	if !opened || !ended || !closing {
-		t.Fatalf("logged: stream opened %v, stream ended with duration and events_sent 1 %v, closing streams (info, reload, 1) %v", opened, ended, closing)
+	opened := logLine(t, file, "stream opened", `"channels":["left"]`) != ""
+	ended := logLine(t, file, "stream ended", `"channels":["closed"]`)
+	closing := logLine(t, file, "closing streams", `"reason":"reload"`)
+	if !opened || !strings.Contains(ended, `"events_sent":1,`) || !strings.Contains(ended, `"duration":`) ||
+		!strings.Contains(closing, `"level":"info"`) || !strings.Contains(closing, `"streams":1,`) {
+		t.Fatalf("logged: stream opened %v; want stream ended with duration and events_sent 1: %s; want closing streams at info with 1 stream: %s", opened, ended, closing)
 	}
 }

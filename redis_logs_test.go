@@ -80,6 +80,18 @@ func TestRedisWrongPasswordLoggedOnce(t *testing.T) {
 	srv.publishWhileRefused("a", "back")
 }
 
+// logLine returns the first line of the JSON log file whose message is msg
+// and which holds marker (a field, such as `"principal":"p"`), or "".
+func logLine(t *testing.T, file, msg, marker string) string {
+	t.Helper()
+	for _, line := range strings.Split(readFile(t, file), "\n") {
+		if strings.Contains(line, `"msg":"`+msg+`"`) && strings.Contains(line, marker) {
+			return line
+		}
+	}
+	return ""
+}
+
 func readFile(t *testing.T, name string) string {
 	t.Helper()
 	b, err := os.ReadFile(name)

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -783,13 +782,7 @@ func TestAClientThatStopsReadingIsLoggedAsQueueFull(t *testing.T) {
 	srv.cutSlowClient("/events?user=slowpoke")
 	logged := func(msg, level string) func() bool {
 		return func() bool {
-			b, _ := os.ReadFile(logFile)
-			for _, line := range strings.Split(string(b), "\n") {
-				if strings.Contains(line, `"msg":"`+msg+`"`) && strings.Contains(line, `"principal":"slowpoke"`) {
-					return strings.Contains(line, `"level":"`+level+`"`)
-				}
-			}
-			return false
+			return strings.Contains(logLine(t, logFile, msg, `"principal":"slowpoke"`), `"level":"`+level+`"`)
 		}
 	}
 	eventually(t, "sse_queue_full for the client, at warn", logged("sse_queue_full", "warn"))
