@@ -16,8 +16,8 @@ func TestBrowserPageLeftKeepsItsStream(t *testing.T) {
 	w := startBrowser(t)
 	// in_stream: a refused page retries, so that the test does not hang on
 	// which of a closed stream and a new one the server sees first
-	base, _ := startBrowserSite(t, browserPageDir(t),
-		"principal {query.user}\n\t\tmax_connections_per_principal 1\n\t\trejections in_stream")
+	base := startBrowserSite(t, browserPageDir(t),
+		"principal {query.user}\n\t\tmax_connections_per_principal 1\n\t\trejections in_stream").base
 	pub := h1Client(t, false)
 	page := func(query, stream string) string {
 		return base + "/page.html?" + query + "&u=" + url.QueryEscape(stream)

@@ -1,8 +1,6 @@
 package e2e
 
 import (
-	"fmt"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -19,16 +17,10 @@ import (
 // given the earlier event again.
 func TestBrowserThroughARedisOutageAndAReload(t *testing.T) {
 	w := startBrowser(t)
-	dir := browserPageDir(t)
 	rds := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
-	accessLog := filepath.Join(t.TempDir(), "access.log")
-	adminPort, port := freePort(t, false), freePort(t, false)
-	site := func(extra string) string {
-		return browserSite(adminPort, port, dir, accessLog,
-			fmt.Sprintf("redis {\n\t\t\turl %s\n\t\t\tcheck_interval 500ms\n\t\t}\n\t\t%s", rds.URL(), extra))
-	}
-	p := startCaddy(t, fmt.Sprintf("127.0.0.1:%d", adminPort), site(""))
-	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	redisBlock := "redis {\n\t\t\turl " + rds.URL() + "\n\t\t\tcheck_interval 500ms\n\t\t}"
+	site := startBrowserSite(t, browserPageDir(t), redisBlock)
+	base, accessLog := site.base, site.accessLog
 	pub := h1Client(t, false)
 	got := func(pred func(pageRecord) bool) func([]pageRecord) bool {
 		return func(rs []pageRecord) bool { return tagged(rs, "s0", pred) > 0 }
@@ -42,8 +34,8 @@ func TestBrowserThroughARedisOutageAndAReload(t *testing.T) {
 	w.waitPage(time.Now().Add(waitFor), "the event published before the outage", got(data("before")))
 
 	rds.Kill()
-	p.writeConfig(site("retry 2s")) // another config, so that the reload is one
-	p.reload()
+	site.proc.writeConfig(site.caddyfile(redisBlock + "\n\t\tretry 2s")) // another config, so that the reload is one
+	site.proc.reload()
 	w.waitPage(time.Now().Add(waitFor), "sse_degraded on the stream reopened while Redis is down", got(typed("sse_degraded")))
 
 	rds.Restart()

@@ -1,10 +1,7 @@
 package e2e
 
 import (
-	"fmt"
 	"net/http"
-	"net/url"
-	"path/filepath"
 	"testing"
 	"time"
 )
@@ -31,7 +28,8 @@ func TestBrowserRefusalsDoWhatTheStatusTableSays(t *testing.T) {
 // refusedForGood: with `rejections status`, each refusal fails its
 // EventSource for good.
 func refusedForGood(t *testing.T, w *webDriver, dir, site string) {
-	base, accessLog := startBrowserSite(t, dir, site)
+	s := startBrowserSite(t, dir, site)
+	base, accessLog := s.base, s.accessLog
 	uris := map[string]string{
 		// s0 and s1 are the same principal's: whichever the server takes
 		// first opens, the other is refused with 429
@@ -75,7 +73,7 @@ func refusedForGood(t *testing.T, w *webDriver, dir, site string) {
 // reconnects by itself after the refusal's retry, and opens once the
 // principal's other stream is gone.
 func refusedInTheStream(t *testing.T, w *webDriver, dir, site string) {
-	base, _ := startBrowserSite(t, dir, site)
+	base := startBrowserSite(t, dir, site).base
 	w.navigate(pageURL(base, "/events?channels=a&user=u", "/events?channels=b&user=u"))
 	rejected := func(r pageRecord) bool { return r.Type == "sse_rejected" }
 	ended := func(r pageRecord) bool { return r.K == "error" }
@@ -116,21 +114,4 @@ func refusedInTheStream(t *testing.T, w *webDriver, dir, site string) {
 	w.waitPage(time.Now().Add(waitFor), "an event on the stream that was refused", func(rs []pageRecord) bool {
 		return tagged(rs, refused, func(r pageRecord) bool { return r.Data == "after the refusal" }) > 0
 	})
-}
-
-// startBrowserSite starts a caddy binary serving the test page and an sse
-// route with extra directives; it returns the site's base URL and the
-// route's access log.
-func startBrowserSite(t *testing.T, dir, extra string) (base, accessLog string) {
-	t.Helper()
-	accessLog = filepath.Join(t.TempDir(), "access.log")
-	adminPort, port := freePort(t, false), freePort(t, false)
-	startCaddy(t, fmt.Sprintf("127.0.0.1:%d", adminPort), browserSite(adminPort, port, dir, accessLog, extra))
-	return fmt.Sprintf("http://127.0.0.1:%d", port), accessLog
-}
-
-// pageURL is the test page opening one EventSource per stream URI.
-func pageURL(base string, streams ...string) string {
-	q := url.Values{"u": streams}
-	return base + "/page.html?" + q.Encode()
 }

@@ -325,6 +325,36 @@ http://127.0.0.1:%d {
 `, adminPort, port, accessLog, testSecret, extra, dir)
 }
 
+// pageSite is a caddy binary serving the test page from a directory and
+// an sse route (browserSite).
+type pageSite struct {
+	proc      *caddyProc
+	base      string                    // the site's URL
+	accessLog string                    // the route's access log
+	caddyfile func(extra string) string // the site's config, extra in its sse block (for a reload or a restart)
+}
+
+// startBrowserSite starts a caddy binary on browserSite, serving dir, with
+// extra directives in its sse block.
+func startBrowserSite(t *testing.T, dir, extra string) *pageSite {
+	t.Helper()
+	accessLog := filepath.Join(t.TempDir(), "access.log")
+	adminPort, port := freePort(t, false), freePort(t, false)
+	caddyfile := func(extra string) string { return browserSite(adminPort, port, dir, accessLog, extra) }
+	return &pageSite{
+		proc:      startCaddy(t, fmt.Sprintf("127.0.0.1:%d", adminPort), caddyfile(extra)),
+		base:      fmt.Sprintf("http://127.0.0.1:%d", port),
+		accessLog: accessLog,
+		caddyfile: caddyfile,
+	}
+}
+
+// pageURL is the test page opening one EventSource per stream URI.
+func pageURL(base string, streams ...string) string {
+	q := url.Values{"u": streams}
+	return base + "/page.html?" + q.Encode()
+}
+
 // streamRequests returns the Last-Event-ID header of every stream request
 // of the access log whose URI is uri, in the order they ended.
 func streamRequests(t *testing.T, accessLog, uri string) []string {
@@ -388,12 +418,8 @@ func streamAccesses(t *testing.T, accessLog, uri string) []streamAccess {
 //     are told sse_truncated, not left to miss events silently.
 func TestBrowserEventSourceThroughReloadAndRestart(t *testing.T) {
 	w := startBrowser(t)
-	dir := browserPageDir(t)
-	accessLog := filepath.Join(t.TempDir(), "access.log")
-	adminPort, port := freePort(t, false), freePort(t, false)
-	admin := fmt.Sprintf("127.0.0.1:%d", adminPort)
-	p := startCaddy(t, admin, browserSite(adminPort, port, dir, accessLog, ""))
-	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	site := startBrowserSite(t, browserPageDir(t), "")
+	p, base, accessLog := site.proc, site.base, site.accessLog
 	publishURL := base + "/events"
 	pub := h1Client(t, false)
 
@@ -487,7 +513,7 @@ func TestBrowserEventSourceThroughReloadAndRestart(t *testing.T) {
 	w.waitPage(time.Now().Add(waitFor), "numbered events before the reload", func(rs []pageRecord) bool {
 		return tagged(rs, "s0", func(r pageRecord) bool { return r.Data == "20" }) > 0
 	})
-	p.writeConfig(browserSite(adminPort, port, dir, accessLog, "retry 2s"))
+	p.writeConfig(site.caddyfile("retry 2s"))
 	p.reload()
 	publishEvent(t, pub, publishURL, "quiet", "", "while away")
 	w.waitPage(time.Now().Add(waitFor), "every EventSource reopened after server_closing", opened(2))
@@ -563,7 +589,7 @@ func TestBrowserEventSourceThroughReloadAndRestart(t *testing.T) {
 			t.Fatalf("%s: %d server_closing with reason shutdown, want 1; the page recorded:\n%s", tag, n, formatRecords(rs))
 		}
 	}
-	startCaddy(t, admin, browserSite(adminPort, port, dir, accessLog, ""))
+	startCaddy(t, p.adminAddr, site.caddyfile(""))
 	rs = w.waitPage(time.Now().Add(waitFor), "every EventSource back and told sse_truncated", func(rs []pageRecord) bool {
 		for _, tag := range tags {
 			if tagged(rs, tag, func(r pageRecord) bool { return r.Type == "sse_truncated" }) != 1 {
