@@ -217,8 +217,6 @@ func rawStream(t testing.TB, addr, path string) net.Conn {
 	}
 }
 
-func discard(r io.Reader) { _, _ = io.Copy(io.Discard, r) }
-
 // gate holds a response body's reads back until it is opened: a client
 // that stops reading for a while.
 type gate struct {

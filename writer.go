@@ -323,10 +323,6 @@ func (sw *httpStreamWriter) Flush() error {
 	return sw.classify(err)
 }
 
-// blockedSince is when the write or flush in flight began (monoNanos),
-// or -1 if none is.
-func (sw *httpStreamWriter) blockedSince() int64 { return sw.since.Load() - 1 }
-
 // WriteLast writes and flushes p within lastWordsTimeout (or the
 // slow-client timeout, if shorter).
 func (sw *httpStreamWriter) WriteLast(p []byte) error {

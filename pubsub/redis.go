@@ -106,7 +106,6 @@ type Redis struct {
 	wentDown      chan struct{} // closed when Redis stops answering; replaced when it answers again
 	cameBack      chan struct{} // closed when Redis answers again; replaced when it stops answering
 	returns       atomic.Uint64 // how often Redis answered again after it had not
-	downLogged    bool
 	closed        atomic.Bool
 	// now is this instance's clock (time.Now); a test sets it, before any
 	// use, to an instance whose clock is off Redis' and the others'

@@ -88,7 +88,6 @@ type procStatus struct {
 	rssKiB  int64 // VmRSS
 	hwmKiB  int64 // VmHWM, the peak RSS
 	threads int64
-	fds     int // filled in by readProc from /proc/<pid>/fd
 }
 
 func parseProcStatus(b []byte) (procStatus, error) {
