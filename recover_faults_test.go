@@ -35,8 +35,8 @@ func TestReloadDuringADegradedRecoveryFromAHungRedisEndsTheStreamPromptly(t *tes
 	proxy.arm()
 	rds.Restart()
 	rds.WaitShardSubscribers(t, "sse:{a}", 1) // Redis answers this instance again
-	waitForLibrary(t, rds)
-	rds.MustCLI("FCALL", "sse_publish_v1", "1", "sse:{a}", "", "wake")
+	rds.WaitFunction(t, pubsub.FunctionPublish)
+	rds.MustCLI("FCALL", pubsub.FunctionPublish, "1", "sse:{a}", "", "wake")
 	select {
 	case <-proxy.stalled:
 	case <-time.After(waitFor):

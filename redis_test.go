@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/caddy-sse/caddy-sse/internal/redistest"
+	"github.com/caddy-sse/caddy-sse/pubsub"
 )
 
 // redisSite is a site whose sse handler uses the Redis at url.
@@ -205,9 +206,9 @@ func TestRedisFallbackLocalStreamGoesOnOnceRedisIsBack(t *testing.T) {
 		}
 		rds.Restart()
 		rds.WaitShardSubscribers(t, "sse:{a}", 1)
-		waitForLibrary(t, rds)
+		rds.WaitFunction(t, pubsub.FunctionPublish)
 		shared := "r" + itoa(outage+1)
-		rds.MustCLI("FCALL", "sse_publish_v1", "1", "sse:{a}", "", shared) // a backend's publish
+		rds.MustCLI("FCALL", pubsub.FunctionPublish, "1", "sse:{a}", "", shared) // a backend's publish
 		select {
 		case ev, open := <-c.events:
 			if !open || ev.Data != shared {
@@ -729,16 +730,6 @@ func redisBlockSite(settings string, extra ...string) string {
 	}
 }
 `
-}
-
-// waitForLibrary waits until rds has the module's function library, before
-// a test calls a function itself as a backend would: a Redis restarted
-// empty gets it from the instance once it answers, which may come after
-// the instance's subscriptions (a CI run called the function first and
-// got "Function not found").
-func waitForLibrary(t *testing.T, rds *redistest.Server) {
-	t.Helper()
-	rds.WaitLibrary(t, "caddysse_v1")
 }
 
 // publishWhileRefused publishes until Redis takes the event, within the

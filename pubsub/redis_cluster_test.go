@@ -348,7 +348,7 @@ func TestRedisClusterLibraryLoadWithAPrimaryDown(t *testing.T) {
 	pollUntil(t, "the library's load on every primary to end", func() bool { return !broker.sweepingLoads.Load() })
 
 	down.Restart()
-	down.WaitLibrary(t, "caddysse_v1") // loaded on the primary once it was back
+	down.WaitFunction(t, FunctionPublish) // loaded on the primary once it was back
 	cluster.WaitOK(t)
 	publishTo(t, hub, elsewhere, "back")
 }

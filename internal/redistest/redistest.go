@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -548,14 +549,16 @@ func (s *Server) WaitStreamLength(t testing.TB, key string, n int) {
 	})
 }
 
-// WaitLibrary waits until the server has the function library name: a
-// client loads it, and a Redis that restarted empty gets it again only
-// once that client next talks to it.
-func (s *Server) WaitLibrary(t testing.TB, name string) {
+// WaitFunction waits until the server has the function name, before a
+// test calls it itself as a backend would: a client loads the library that
+// holds it, and a Redis that restarted empty gets it again only once that
+// client next talks to it (a CI run called a function first and got
+// "Function not found").
+func (s *Server) WaitFunction(t testing.TB, name string) {
 	t.Helper()
-	waitFor(t, "the library "+name+" on "+s.Addr(), func() bool {
-		out, _ := s.CLI("FUNCTION", "LIST", "LIBRARYNAME", name)
-		return strings.Contains(out, name)
+	waitFor(t, "the function "+name+" on "+s.Addr(), func() bool {
+		out, _ := s.CLI("FUNCTION", "LIST")
+		return slices.Contains(strings.Split(out, "\n"), name)
 	})
 }
 
