@@ -2,9 +2,11 @@ package caddysse
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -38,6 +40,41 @@ func TestARefusedBodySentSlowlyIsNotWaitedFor(t *testing.T) {
 	if !strings.HasPrefix(head, "HTTP/1.1 401 ") {
 		t.Fatalf("answered %q, want 401", head)
 	}
+}
+
+// A refused body sent fast is read up to maxDrain and no further: the
+// client that goes on sending finds its connection closed (reset, as the
+// drain's comment says) instead of the server reading all it announced.
+func TestARefusedBodyIsReadUpToMaxDrain(t *testing.T) {
+	srv := startCaddy(t, rejectSite)
+	conn, err := net.Dial("tcp", "127.0.0.1:"+itoa(srv.port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(waitFor))
+	// far more than maxDrain plus both sockets' buffers (the receiving
+	// one grows to tens of MiB on some kernels while it is read)
+	const announced = 16 * maxDrain
+	if _, err := io.WriteString(conn, refusedPublish+"Content-Length: "+itoa(announced)+"\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	sent, err := io.Copy(conn, io.LimitReader(zeros{}, announced))
+	if err == nil {
+		t.Fatalf("all %d bytes of the refused body were taken: the drain stops at %d", sent, maxDrain)
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("after %d bytes the server neither read more nor closed the connection", sent)
+	}
+	t.Logf("the connection ended after %d of %d bytes: %v", sent, announced, err)
+}
+
+// zeros reads as an endless run of zero bytes.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }
 
 // On HTTP/2 a refused body is not read at all: the stream ends after the
