@@ -140,15 +140,7 @@ func TestBehindEncode(t *testing.T) {
 // positioned after the response head, and the head.
 func rawRequest(t *testing.T, addr, text string, send ...func(net.Conn)) (net.Conn, *bufio.Reader, string) {
 	t.Helper()
-	conn, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	_ = conn.SetDeadline(time.Now().Add(waitFor))
-	if _, err := io.WriteString(conn, text); err != nil {
-		t.Fatal(err)
-	}
+	conn := sendRaw(t, addr, text)
 	for _, s := range send { // more of the request, while the answer is read
 		go s(conn)
 	}
@@ -164,6 +156,22 @@ func rawRequest(t *testing.T, addr, text string, send ...func(net.Conn)) (net.Co
 			return conn, r, head.String()
 		}
 	}
+}
+
+// sendRaw sends text on a fresh connection, closed when the test ends,
+// whose reads and writes fail after waitFor.
+func sendRaw(t *testing.T, addr, text string) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	_ = conn.SetDeadline(time.Now().Add(waitFor))
+	if _, err := io.WriteString(conn, text); err != nil {
+		t.Fatal(err)
+	}
+	return conn
 }
 
 // readUntil reads lines from r until one contains want.

@@ -47,18 +47,10 @@ func TestARefusedBodySentSlowlyIsNotWaitedFor(t *testing.T) {
 // drain's comment says) instead of the server reading all it announced.
 func TestARefusedBodyIsReadUpToMaxDrain(t *testing.T) {
 	srv := startCaddy(t, rejectSite)
-	conn, err := net.Dial("tcp", "127.0.0.1:"+itoa(srv.port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(waitFor))
 	// far more than maxDrain plus both sockets' buffers (the receiving
 	// one grows to tens of MiB on some kernels while it is read)
 	const announced = 16 * maxDrain
-	if _, err := io.WriteString(conn, refusedPublish+"Content-Length: "+itoa(announced)+"\r\n\r\n"); err != nil {
-		t.Fatal(err)
-	}
+	conn := sendRaw(t, "127.0.0.1:"+itoa(srv.port), refusedPublish+"Content-Length: "+itoa(announced)+"\r\n\r\n")
 	sent, err := io.Copy(conn, io.LimitReader(zeros{}, announced))
 	if err == nil {
 		t.Fatalf("all %d bytes of the refused body were taken: the drain stops at %d", sent, maxDrain)
